@@ -1,0 +1,69 @@
+"""All-or-nothing output: write beside the target, then rename into place.
+
+>>> import tempfile, pathlib
+>>> d = pathlib.Path(tempfile.mkdtemp())
+>>> with atomic_output(d / "out.txt", source=d / "in", force=False) as tmp:
+...     _ = tmp.write_text("done")
+>>> (d / "out.txt").read_text(), sorted(p.name for p in d.iterdir())
+('done', ['out.txt'])
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from .errors import OutputError
+
+TMP_MARK = ".obsdelta-tmp-"
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        path.unlink(missing_ok=True)
+
+
+def _inside(child: Path, parent: Path) -> bool:
+    return child == parent or parent in child.parents
+
+
+def check_output(output: Path, source: Path, *, force: bool) -> None:
+    """Refuse an output that would clobber data or overlap the input."""
+    out, src = output.resolve(), source.resolve()
+    if _inside(out, src) or _inside(src, out):
+        raise OutputError(
+            "output overlaps the input", file=output, hint="write the output somewhere else"
+        )
+    if not out.parent.is_dir():
+        raise OutputError("output folder does not exist", file=out.parent, hint="create it first")
+    if output.exists() and not force:
+        raise OutputError("output already exists", file=output, hint="pass --force to replace it")
+
+
+@contextmanager
+def atomic_output(output: Path, *, source: Path, force: bool) -> Iterator[Path]:
+    """Yield a temporary sibling of ``output``; on success rename it into place, else remove it.
+
+    An existing ``output`` (allowed only with ``force``) is replaced only once the new one is
+    complete, so a failure leaves the old one untouched.
+    """
+    check_output(output, source, force=force)
+    tmp = output.parent / f".{output.name}{TMP_MARK}{os.getpid()}"
+    _remove(tmp)
+    try:
+        yield tmp
+        if output.exists():
+            old = output.parent / f".{output.name}.obsdelta-old-{os.getpid()}"
+            os.replace(output, old)
+            os.replace(tmp, output)
+            _remove(old)
+        else:
+            os.replace(tmp, output)
+    except BaseException:
+        _remove(tmp)
+        raise

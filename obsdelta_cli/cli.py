@@ -1,0 +1,186 @@
+"""The ``obsdelta`` command line: a thin Typer layer over :mod:`obsdelta_cli.pipeline`.
+
+Commands only parse options, call the library and print. Every expected failure is an
+:class:`~obsdelta_cli.errors.ObsdeltaError`, turned into one line on stderr and an exit code in
+:func:`_run` — the only place that does so.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from . import __version__, pipeline
+from .codecs import CODECS, DEFAULT_CODEC
+from .errors import ObsdeltaError
+from .report import DatasetResult, render
+
+# An Enum lets Typer validate --codec (exit code 2) and list the choices in --help.
+CodecName = Enum("CodecName", {c: c for c in CODECS}, type=str)  # type: ignore[misc]
+DEFAULT = CodecName(DEFAULT_CODEC)
+
+app = typer.Typer(
+    name="obsdelta",
+    help="Store the next observation of trajectory datasets as a compact delta, and back.",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+)
+
+CodecOpt = Annotated[
+    CodecName,
+    typer.Option(
+        "--codec",
+        help="How deltas are stored: " + "; ".join(f"{c.id}: {c.summary}" for c in CODECS.values()),
+    ),
+]
+KeyOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--key",
+        "-k",
+        help="Observation key to encode, slash-joined (e.g. agent/obs); repeat for more. "
+        "Default: every floating-point leaf with a same-shaped twin under 'next'.",
+    ),
+]
+ForceOpt = Annotated[bool, typer.Option("--force", "-f", help="Replace OUTPUT if it exists.")]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print one JSON object per input on stdout, nothing else.")
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success.")]
+ChunkOpt = Annotated[
+    float,
+    typer.Option("--chunk-mb", min=0.001, help="Memory budget per chunk of rows, in MiB."),
+]
+InputArg = Annotated[
+    Path, typer.Argument(help="Dataset: memmap folder, .pt file or replay-buffer dump.")
+]
+OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="Where to write the result.")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"obsdelta {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Show the version."),
+    ] = False,
+) -> None:
+    """Store the next observation of trajectory datasets as a compact delta, and back.
+
+    Example: obsdelta compress sample_data/hopper_ted -o hopper_small
+    """
+
+
+def _console() -> Console:
+    # Pipes get Rich's 80 columns otherwise; tables are wider than that.
+    console = Console()
+    return console if console.is_terminal else Console(width=120)
+
+
+def _run(job: Callable[[], DatasetResult], *, as_json: bool, quiet: bool) -> None:
+    """Run one command: print its result, or its error as one line on stderr with an exit code."""
+    try:
+        result = job()
+    except ObsdeltaError as exc:
+        print(f"obsdelta: error: {exc}", file=sys.stderr)
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        print("obsdelta: interrupted; no output was written", file=sys.stderr)
+        raise typer.Exit(130) from None
+    if as_json:
+        sys.stdout.write(result.to_json() + "\n")
+    elif not quiet:
+        render(result, _console())
+
+
+@app.command()
+def compress(
+    input: InputArg,
+    output: OutputOpt,
+    codec: CodecOpt = DEFAULT,
+    key: KeyOpt = None,
+    time_dim: Annotated[
+        int, typer.Option("--time-dim", help="Batch dimension that is time (default: the last).")
+    ] = -1,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+    chunk_mb: ChunkOpt = pipeline.DEFAULT_CHUNK_MB,
+) -> None:
+    """Replace each ("next", k) with a delta ("next", "delta", k) and write a new dataset.
+
+    Example: obsdelta compress rollouts/ -o rollouts_small/ --codec fp16 --key observation
+    """
+    _run(
+        lambda: pipeline.compress(
+            input,
+            output,
+            codec=codec.value,
+            keys=key,
+            time_dim=time_dim,
+            force=force,
+            chunk_mb=chunk_mb,
+        ),
+        as_json=as_json,
+        quiet=quiet,
+    )
+
+
+@app.command()
+def inflate(
+    input: InputArg,
+    output: OutputOpt,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+    chunk_mb: ChunkOpt = pipeline.DEFAULT_CHUNK_MB,
+) -> None:
+    """Rebuild ("next", k) from its delta, in the original dtype, layout and key order.
+
+    Example: obsdelta inflate rollouts_small/ -o rollouts_full/
+    """
+    _run(
+        lambda: pipeline.inflate(input, output, force=force, chunk_mb=chunk_mb),
+        as_json=as_json,
+        quiet=quiet,
+    )
+
+
+@app.command()
+def report(
+    input: InputArg,
+    codec: Annotated[
+        CodecName,
+        typer.Option("--codec", help="Codec whose estimate is marked and totalled (dry run)."),
+    ] = DEFAULT,
+    key: KeyOpt = None,
+    as_json: JsonOpt = False,
+    chunk_mb: ChunkOpt = pipeline.DEFAULT_CHUNK_MB,
+) -> None:
+    """Sizes and round-trip errors: all codecs on a plain dataset, or what a compressed one holds.
+
+    Example: obsdelta report rollouts/ --json
+    """
+    _run(
+        lambda: pipeline.report(input, codec=codec.value, keys=key, chunk_mb=chunk_mb),
+        as_json=as_json,
+        quiet=False,
+    )
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app(prog_name="obsdelta")

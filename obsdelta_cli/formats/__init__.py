@@ -1,0 +1,41 @@
+"""Format registry and content-based detection.
+
+>>> list(FORMATS)
+['torchrl-rb', 'ted-memmap', 'ted-pt']
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import InputError
+from .base import Format, Source, disk_size
+from .ted_memmap import TedMemmap
+from .ted_pt import TedPt
+from .torchrl_rb import TorchRLReplayBuffer
+
+# Order matters: detection tries the most specific layout first (a replay-buffer dump contains
+# a memmap tree).
+FORMATS: dict[str, type[Format]] = {
+    TorchRLReplayBuffer.name: TorchRLReplayBuffer,
+    TedMemmap.name: TedMemmap,
+    TedPt.name: TedPt,
+}
+
+
+def detect(path: Path) -> Format:
+    """Return the adapter for ``path``, recognised from its content."""
+    if not path.exists():
+        raise InputError("no such file or directory", file=path, hint="check the path")
+    for cls in FORMATS.values():
+        if cls.sniff(path):
+            return cls()
+    kind = "directory" if path.is_dir() else "file"
+    raise InputError(
+        f"{kind} is in no layout obsdelta reads",
+        file=path,
+        hint=f"supported: {', '.join(f'{n} ({c.summary})' for n, c in FORMATS.items())}",
+    )
+
+
+__all__ = ["FORMATS", "Format", "Source", "detect", "disk_size"]

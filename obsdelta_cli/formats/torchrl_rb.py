@@ -1,0 +1,61 @@
+"""A TorchRL replay-buffer dump (``ReplayBuffer.dumps(path)``).
+
+``storage/`` is a tensordict memmap tree of the whole preallocated storage, and
+``storage/storage_metadata.json`` says how many rows (``len``) hold data. Rows past ``len`` are
+not data: their deltas are stored as zero, so their next observations come back equal to their
+observations. Everything else in the dump (writer, sampler, RNG
+state, buffer metadata) is copied unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from tensordict import TensorDictBase
+
+from ..errors import InputError
+from .base import SIDECAR, Format, Source, read_sidecar, write_sidecar
+from .ted_memmap import is_memmap_dir, load_memmap_dir
+
+STORAGE = "storage"
+STORAGE_META = "storage_metadata.json"
+
+
+class TorchRLReplayBuffer(Format):
+    name = "torchrl-rb"
+    summary = "TorchRL ReplayBuffer.dumps() directory (storage/ memmap + storage_metadata.json)"
+
+    @classmethod
+    def sniff(cls, path: Path) -> bool:
+        return (path / STORAGE / STORAGE_META).is_file() and is_memmap_dir(path / STORAGE)
+
+    def open(self, path: Path) -> Source:
+        meta_file = path / STORAGE / STORAGE_META
+        try:
+            length = int(json.loads(meta_file.read_text())["len"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InputError(
+                f"cannot read the buffer length ({type(exc).__name__}: {exc})",
+                file=meta_file,
+                hint="the dump is damaged",
+            ) from None
+        td = load_memmap_dir(path / STORAGE)
+        if td.batch_dims == 0 or not 0 <= length <= td.shape[0]:
+            raise InputError(
+                f"len {length} does not fit a storage of shape {list(td.shape)}",
+                file=meta_file,
+                hint="the dump is damaged",
+            )
+        return Source(path=path, td=td, meta=read_sidecar(path), valid_rows=length)
+
+    def create(self, path: Path, template: TensorDictBase, source: Source) -> TensorDictBase:
+        shutil.copytree(source.path, path, ignore=shutil.ignore_patterns(STORAGE, SIDECAR))
+        out = template.memmap_like(path / STORAGE)
+        shutil.copy2(source.path / STORAGE / STORAGE_META, path / STORAGE / STORAGE_META)
+        return out
+
+    def finish(self, path: Path, out: TensorDictBase, meta: dict[str, Any] | None) -> None:
+        write_sidecar(path, meta)

@@ -1,0 +1,121 @@
+"""The command line on real samples: tables for people, JSON Lines for scripts, help and version."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tensordict import TensorDictBase
+
+from obsdelta_cli import __version__
+from obsdelta_cli.codecs import CODECS
+
+from .conftest import SAMPLE, WRITERS, Cli, tree_hash
+
+KEY_FIELDS = {
+    "key",
+    "codec",
+    "dtype",
+    "shape",
+    "bytes_before",
+    "bytes_after",
+    "max_abs_error",
+    "rmse",
+    "rows",
+    "exact_rows",
+}
+TOP_FIELDS = {
+    "schema",
+    "command",
+    "input",
+    "output",
+    "format",
+    "bytes_before",
+    "bytes_after",
+    "keys",
+}
+
+
+def _json(result) -> dict:
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1, result.stdout
+    data = json.loads(lines[0])
+    assert set(data) >= TOP_FIELDS and data["schema"] == "obsdelta/1"
+    for key in data["keys"]:
+        assert set(key) >= KEY_FIELDS
+    return data
+
+
+def test_compress_inflate_report_json(
+    cli: Cli, fmt: str, tmp_path: Path, cheetah: TensorDictBase
+) -> None:
+    src = WRITERS[fmt](cheetah, tmp_path / "in")
+    before = tree_hash(src)
+    small, back = tmp_path / ("small" + src.suffix), tmp_path / ("back" + src.suffix)
+
+    c = _json(cli("compress", src, "-o", small, "--json"))
+    assert (c["command"], c["format"], c["output"]) == ("compress", fmt, str(small))
+    assert c["bytes_after"] < c["bytes_before"]
+    (key,) = c["keys"]
+    assert key["key"] == "next/observation" and key["codec"] == "fp16"
+    assert key["bytes_after"] * 2 == key["bytes_before"]
+
+    r = _json(cli("report", small, "--json"))
+    assert r["output"] is None and r["keys"][0]["max_abs_error"] == key["max_abs_error"]
+
+    i = _json(cli("inflate", small, "-o", back, "--json"))
+    assert i["keys"][0]["max_abs_error"] == key["max_abs_error"]
+    assert tree_hash(src) == before
+
+
+def test_report_dry_run_lists_every_codec(cli: Cli) -> None:
+    data = _json(cli("report", SAMPLE / "hopper_ted", "--json"))
+    (key,) = data["keys"]
+    assert [c["codec"] for c in key["candidates"]] == list(CODECS)
+    assert all(
+        {"codec", "bytes_after", "max_abs_error", "rmse"} <= set(c) for c in key["candidates"]
+    )
+
+
+def test_tables_for_people(cli: Cli, tmp_path: Path) -> None:
+    out = cli("compress", SAMPLE / "hopper_ted", "-o", tmp_path / "small").stdout
+    assert "next/observation" in out and "fp16" in out and "dataset on disk" in out
+    dry = cli("report", SAMPLE / "halfcheetah_ted.pt").stdout
+    assert all(c in dry for c in CODECS) and "estimate" in dry
+    assert cli("inflate", tmp_path / "small", "-o", tmp_path / "back", "-q").stdout == ""
+
+
+def test_version_and_help(cli: Cli) -> None:
+    assert cli("--version").stdout.strip() == f"obsdelta {__version__}"
+    for command in ("compress", "inflate", "report"):
+        assert "Example: obsdelta " + command in cli(command, "--help").stdout
+
+
+@pytest.mark.parametrize(
+    "args", [["compress", "x"], ["compress", "x", "-o", "y", "--codec", "zz"], ["frobnicate"]]
+)
+def test_usage_errors_exit_2(cli: Cli, args: list[str]) -> None:
+    cli(*args, code=2)
+
+
+def test_module_entry_point(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "obsdelta_cli",
+            "compress",
+            str(SAMPLE / "halfcheetah_ted.pt"),
+            "-o",
+            str(tmp_path / "o.pt"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["format"] == "ted-pt"

@@ -1,0 +1,52 @@
+"""Every registered format is detected from content and has a test writer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tensordict import TensorDictBase
+
+from obsdelta_cli.errors import InputError
+from obsdelta_cli.formats import FORMATS, detect
+
+from .conftest import SAMPLE, WRITERS
+
+
+def test_every_format_has_a_writer() -> None:
+    assert set(WRITERS) == set(FORMATS)
+
+
+def test_detected_from_content_not_name(fmt: str, tmp_path: Path, hopper: TensorDictBase) -> None:
+    path = WRITERS[fmt](hopper[:50], tmp_path / "data")
+    odd = tmp_path / "renamed.h5"  # a misleading name changes nothing
+    path.rename(odd)
+    assert detect(odd).name == fmt
+
+
+@pytest.mark.parametrize(
+    ("name", "fmt"),
+    [
+        ("hopper_ted", "ted-memmap"),
+        ("halfcheetah_ted.pt", "ted-pt"),
+        ("hopper_rb", "torchrl-rb"),
+        ("pong_pixels.pt", "ted-pt"),
+    ],
+)
+def test_samples_are_detected(name: str, fmt: str) -> None:
+    assert detect(SAMPLE / name).name == fmt
+
+
+def test_open_is_lazy_and_never_writes_through(tmp_path: Path, hopper: TensorDictBase) -> None:
+    path = WRITERS["ted-memmap"](hopper, tmp_path / "data")
+    before = (path / "observation.memmap").read_bytes()
+    source = detect(path).open(path)
+    source.td["observation"].zero_()  # a bug writing to the source must not reach the file
+    assert (path / "observation.memmap").read_bytes() == before
+
+
+def test_unknown_layout(tmp_path: Path) -> None:
+    odd = tmp_path / "notes.txt"
+    odd.write_text("hello")
+    with pytest.raises(InputError, match="no layout obsdelta reads; supported: torchrl-rb"):
+        detect(odd)

@@ -1,0 +1,229 @@
+"""Round trips through compress / inflate on real rollouts.
+
+Parametrised over codec x source dtype x shape (with nested keys) x container format."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from obsdelta_cli import compress, inflate, report
+from obsdelta_cli.codecs import CODECS, get_codec
+from obsdelta_cli.errors import DataError
+from obsdelta_cli.pipeline import FORMAT_VERSION
+from obsdelta_cli.stats import bit_equal_rows
+
+from .conftest import WRITERS, read_any
+
+DTYPES = [torch.float16, torch.float32, torch.float64]
+
+
+def _ted(obs: torch.Tensor, nxt: torch.Tensor, batch_dims: int) -> TensorDict:
+    """A TED TensorDict around an (obs, next obs) pair, with the usual companions."""
+    batch = obs.shape[:batch_dims]
+    return TensorDict(
+        {
+            "observation": obs,
+            "action": torch.linspace(-1, 1, int(torch.Size(batch).numel()) * 2).reshape(*batch, 2),
+            "done": torch.zeros(*batch, 1, dtype=torch.bool),
+            "next": {
+                "observation": nxt,
+                "reward": torch.arange(torch.Size(batch).numel(), dtype=torch.float32).reshape(
+                    *batch, 1
+                ),
+                "done": torch.ones(*batch, 1, dtype=torch.bool),
+            },
+        },
+        batch_size=batch,
+    )
+
+
+def _case(
+    shape: str,
+    dtype: torch.dtype,
+    hopper: TensorDictBase,
+    cheetah: TensorDictBase,
+    pong: TensorDictBase,
+) -> TensorDict:
+    if shape == "T,D":
+        return _ted(hopper["observation"].to(dtype), hopper["next", "observation"].to(dtype), 1)
+    if shape == "B,T,D":
+        return _ted(cheetah["observation"].to(dtype), cheetah["next", "observation"].to(dtype), 2)
+    if shape == "T,C,H,W":
+        scale = 1 / 255
+        return _ted(
+            (pong["pixels"] * scale).to(dtype), (pong["next", "pixels"] * scale).to(dtype), 1
+        )
+    if shape == "nested":
+        td = _ted(hopper["observation"].to(dtype), hopper["next", "observation"].to(dtype), 1)
+        td["agent", "obs"] = hopper["observation"][:, :5].to(dtype) * 10
+        td["next", "agent", "obs"] = hopper["next", "observation"][:, :5].to(dtype) * 10
+        return td
+    raise AssertionError(shape)
+
+
+UNIT_ROUNDOFF = {
+    torch.float16: 2.0**-11,
+    torch.bfloat16: 2.0**-8,
+    torch.float32: 2.0**-24,
+    torch.float64: 2.0**-53,
+}
+
+
+def _bound(obs: torch.Tensor, nxt: torch.Tensor, stored_dtype: torch.dtype) -> torch.Tensor:
+    """Worst-case error of ``obs + cast(next - obs)`` evaluated in the source dtype: rounding of
+    the subtraction, of the cast to the stored dtype and back to the source dtype, and of the
+    addition, plus the smallest subnormal of the stored dtype."""
+    work = torch.promote_types(nxt.dtype, stored_dtype)
+    delta = (nxt.double() - obs.double()).abs()
+    u = UNIT_ROUNDOFF
+    tiny = torch.finfo(stored_dtype).smallest_normal * u[stored_dtype]
+    rounding = u[stored_dtype] + u[work] + u[nxt.dtype]
+    return (delta * rounding + nxt.double().abs() * u[nxt.dtype]) * 1.001 + tiny
+
+
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and bool(
+            bit_equal_rows(
+                a.reshape(max(1, a.shape[0]), -1), b.reshape(max(1, b.shape[0]), -1)
+            ).all()
+        )
+        if a.is_floating_point()
+        else torch.equal(a, b)
+    )
+
+
+@pytest.mark.parametrize("shape", ["T,D", "B,T,D", "T,C,H,W", "nested"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("codec", list(CODECS))
+def test_round_trip(
+    codec: str,
+    dtype: torch.dtype,
+    shape: str,
+    fmt: str,
+    tmp_path: Path,
+    hopper: TensorDictBase,
+    cheetah: TensorDictBase,
+    pong: TensorDictBase,
+) -> None:
+    original = _case(shape, dtype, hopper, cheetah, pong)
+    src = WRITERS[fmt](original, tmp_path / "in")
+    small, back = tmp_path / ("small" + src.suffix), tmp_path / ("back" + src.suffix)
+
+    result = compress(src, small, codec=codec)
+    pairs = [("observation",)] + ([("agent", "obs")] if shape == "nested" else [])
+    assert [k.key for k in result.keys] == ["/".join(("next", *p)) for p in pairs]
+
+    stored = read_any(small)
+    plain = read_any(src)  # as the format stores it (a replay buffer adds rows and keys)
+    stored_dtype = get_codec(codec).stored_dtype(dtype)
+    for p in pairs:
+        assert ("next", *p) not in stored.keys(True, True)
+        assert stored["next", "delta", *p].dtype == stored_dtype
+    # Every other leaf is byte-identical.
+    for key, leaf in plain.items(True, True):
+        key = key if isinstance(key, tuple) else (key,)
+        if key[0] == "next" and key[1:] in pairs:
+            continue
+        assert _bits_equal(stored[key], leaf), key
+
+    restored = inflate(small, back)
+    out = read_any(back)
+    assert list(out.keys(True, True)) == list(plain.keys(True, True))
+    assert "delta" not in out["next"].keys()
+    for key, leaf in plain.items(True, True):
+        assert out[key].dtype == leaf.dtype and out[key].shape == leaf.shape, key
+    valid = slice(None) if fmt != "torchrl-rb" else slice(0, original.numel())
+    for p, k in zip(pairs, result.keys, strict=True):
+        truth = plain["next", *p][valid]
+        got = out["next", *p][valid]
+        err = (got.double() - truth.double()).abs()
+        # Never worse than the report says, and the report is the real figure.
+        assert float(err.max()) <= k.max_abs_error
+        assert float(err.max()) == pytest.approx(k.max_abs_error, rel=1e-12, abs=0)
+        assert bool((err <= _bound(plain[p][valid], truth, stored_dtype)).all())
+        assert k.exact_rows == int(
+            bit_equal_rows(got.reshape(k.rows, -1), truth.reshape(k.rows, -1)).sum()
+        )
+    assert [k.max_abs_error for k in restored.keys] == [k.max_abs_error for k in result.keys]
+
+
+def test_metadata_describes_the_file(tmp_path: Path, hopper: TensorDictBase) -> None:
+    src = WRITERS["ted-memmap"](hopper, tmp_path / "in")
+    compress(src, tmp_path / "small", codec="bf16")
+    meta = json.loads((tmp_path / "small" / "obsdelta.json").read_text())
+    assert meta["obsdelta_format"] == FORMAT_VERSION
+    assert meta["format"] == "ted-memmap"
+    (key,) = meta["keys"]
+    assert key["codec"] == {"id": "bf16"}
+    assert key["source_dtype"] == "float32" and key["stored_dtype"] == "bfloat16"
+    assert key["delta_key"] == ["next", "delta", "observation"]
+    assert key["rows"] == 3000 and key["max_abs_error"] > 0
+    # The compressed folder is still an ordinary tensordict memmap.
+    td = TensorDict.load_memmap(tmp_path / "small")
+    assert td["next", "delta", "observation"].dtype == torch.bfloat16
+
+
+def test_default_selection_skips_integers_and_mismatches(
+    tmp_path: Path, hopper: TensorDictBase, pong: TensorDictBase
+) -> None:
+    td = hopper.clone()
+    td["pixels"] = pong["pixels"][:1].expand(3000, 1, 53, 40).clone()
+    td["next", "pixels"] = td["pixels"].clone()
+    td["extra"] = torch.zeros(3000, 4)
+    td["next", "extra"] = torch.zeros(3000, 5)  # twin of another shape: not a pair
+    src = WRITERS["ted-memmap"](td, tmp_path / "in")
+    result = compress(src, tmp_path / "out")
+    assert [k.key for k in result.keys] == ["next/observation"]
+
+
+def test_key_option_accepts_next_prefix(tmp_path: Path, hopper: TensorDictBase) -> None:
+    src = WRITERS["ted-pt"](hopper, tmp_path / "in")
+    a = compress(src, tmp_path / "a.pt", keys=["observation"])
+    b = compress(src, tmp_path / "b.pt", keys=["next/observation"])
+    assert [k.key for k in a.keys] == [k.key for k in b.keys] == ["next/observation"]
+
+
+def test_overflow_is_refused_not_written(tmp_path: Path, hopper: TensorDictBase) -> None:
+    td = hopper.clone()
+    td["next", "observation"][10:13] = 1e6
+    src = WRITERS["ted-memmap"](td, tmp_path / "in")
+    with pytest.raises(DataError, match=r"3 of 3000 rows .* --codec fp32"):
+        compress(src, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    ok = compress(src, tmp_path / "out", codec="fp32")
+    stored = TensorDict.load_memmap(tmp_path / "out")["next", "delta", "observation"]
+    assert bool(torch.isfinite(stored).all()) and ok.keys[0].max_abs_error < 1e-1
+
+
+def test_report_dry_run_matches_compress(tmp_path: Path, cheetah: TensorDictBase) -> None:
+    src = WRITERS["ted-pt"](cheetah, tmp_path / "in")
+    dry = report(src)
+    (key,) = dry.keys
+    assert [c.codec for c in key.candidates or []] == list(CODECS)
+    for cand in key.candidates or []:
+        real = compress(src, tmp_path / f"{cand.codec}.pt", codec=cand.codec).keys[0]
+        assert (cand.bytes_after, cand.max_abs_error, cand.rmse, cand.exact_rows) == (
+            real.bytes_after,
+            real.max_abs_error,
+            real.rmse,
+            real.exact_rows,
+        )
+    compressed = report(tmp_path / "fp16.pt")
+    assert compressed.compressed and compressed.keys[0].max_abs_error == key.max_abs_error
+
+
+def test_small_chunks_give_the_same_bytes(tmp_path: Path, hopper: TensorDictBase) -> None:
+    src = WRITERS["ted-memmap"](hopper, tmp_path / "in")
+    big = compress(src, tmp_path / "big")
+    small = compress(src, tmp_path / "small", chunk_mb=0.01)  # ~40 chunks
+    assert big.keys == small.keys
+    a = (tmp_path / "big/next/delta/observation.memmap").read_bytes()
+    assert a == (tmp_path / "small/next/delta/observation.memmap").read_bytes()
