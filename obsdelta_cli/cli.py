@@ -17,12 +17,12 @@ import typer
 from rich.console import Console
 
 from . import __version__, pipeline
-from .codecs import CODECS, DEFAULT_CODEC
+from .codecs import AUTO, CODECS, DEFAULT_CODEC
 from .errors import ObsdeltaError
 from .report import DatasetResult, render
 
 # An Enum lets Typer validate --codec (exit code 2) and list the choices in --help.
-CodecName = Enum("CodecName", {c: c for c in CODECS}, type=str)  # type: ignore[misc]
+CodecName = Enum("CodecName", {c: c for c in [*CODECS, AUTO]}, type=str)  # type: ignore[misc]
 DEFAULT = CodecName(DEFAULT_CODEC)
 
 app = typer.Typer(
@@ -49,6 +49,19 @@ KeyOpt = Annotated[
         help="Observation key to encode, slash-joined (e.g. agent/obs); repeat for more. "
         "Default: every floating-point leaf with a same-shaped twin under 'next'.",
     ),
+]
+BoundOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--max-abs-error",
+        "-e",
+        min=0.0,
+        help="Error bound E: every rebuilt value is within E of the original; rows a codec "
+        "cannot store within E are kept exactly as exception rows.",
+    ),
+]
+TimeDimOpt = Annotated[
+    int, typer.Option("--time-dim", help="Batch dimension that is time (default: the last).")
 ]
 ForceOpt = Annotated[bool, typer.Option("--force", "-f", help="Replace OUTPUT if it exists.")]
 JsonOpt = Annotated[
@@ -112,9 +125,16 @@ def compress(
     output: OutputOpt,
     codec: CodecOpt = DEFAULT,
     key: KeyOpt = None,
-    time_dim: Annotated[
-        int, typer.Option("--time-dim", help="Batch dimension that is time (default: the last).")
-    ] = -1,
+    max_abs_error: BoundOpt = None,
+    no_exceptions: Annotated[
+        bool,
+        typer.Option(
+            "--no-exceptions",
+            help="Refuse a key rather than store exception rows, so that every row is rebuilt "
+            "from the delta leaf alone (as TorchRL's NextObservationDelta does).",
+        ),
+    ] = False,
+    time_dim: TimeDimOpt = -1,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -122,7 +142,7 @@ def compress(
 ) -> None:
     """Replace each ("next", k) with a delta ("next", "delta", k) and write a new dataset.
 
-    Example: obsdelta compress rollouts/ -o rollouts_small/ --codec fp16 --key observation
+    Example: obsdelta compress rollouts/ -o rollouts_small/ --codec auto --max-abs-error 1e-4
     """
     _run(
         lambda: pipeline.compress(
@@ -130,6 +150,8 @@ def compress(
             output,
             codec=codec.value,
             keys=key,
+            max_abs_error=max_abs_error,
+            exceptions=not no_exceptions,
             time_dim=time_dim,
             force=force,
             chunk_mb=chunk_mb,
@@ -167,15 +189,24 @@ def report(
         typer.Option("--codec", help="Codec whose estimate is marked and totalled (dry run)."),
     ] = DEFAULT,
     key: KeyOpt = None,
+    max_abs_error: BoundOpt = None,
+    time_dim: TimeDimOpt = -1,
     as_json: JsonOpt = False,
     chunk_mb: ChunkOpt = pipeline.DEFAULT_CHUNK_MB,
 ) -> None:
     """Sizes and round-trip errors: all codecs on a plain dataset, or what a compressed one holds.
 
-    Example: obsdelta report rollouts/ --json
+    Example: obsdelta report rollouts/ --max-abs-error 1e-3 --json
     """
     _run(
-        lambda: pipeline.report(input, codec=codec.value, keys=key, chunk_mb=chunk_mb),
+        lambda: pipeline.report(
+            input,
+            codec=codec.value,
+            keys=key,
+            max_abs_error=max_abs_error,
+            time_dim=time_dim,
+            chunk_mb=chunk_mb,
+        ),
         as_json=as_json,
         quiet=False,
     )

@@ -19,17 +19,17 @@ SCHEMA = "obsdelta/1"
 
 @dataclass
 class Candidate:
-    """What one codec would do to one key (``report`` on a plain dataset)."""
+    """What one codec would do to one key (``report`` on a plain dataset, ``--codec auto``)."""
 
     codec: str
+    #: Bytes of the stored leaf plus the exception rows and their index.
     bytes_after: int
-    max_abs_error: float | None
-    rmse: float | None
-    max_rel_error: float | None = None
+    max_abs_error: float
+    rmse: float
+    max_rel_error: float = 0.0
     exact_rows: int = 0
-    #: Rows the codec cannot store (non-finite source or a delta out of range); > 0 means
-    #: ``compress`` with this codec refuses the key.
-    bad_rows: int = 0
+    #: Rows stored in full precision because the codec cannot represent them within the bound.
+    exception_rows: int = 0
 
 
 @dataclass
@@ -37,6 +37,7 @@ class KeyResult:
     """One next-observation leaf and what became of it."""
 
     key: str
+    #: The codec used (or marked, for a dry run); ``"none"``: kept uncompressed.
     codec: str
     dtype: str
     shape: list[int]
@@ -47,10 +48,13 @@ class KeyResult:
     rows: int
     exact_rows: int
     max_rel_error: float | None = None
+    exception_rows: int = 0
     stored_dtype: str | None = None
     delta_key: str | None = None
-    bad_rows: int = 0
+    max_abs_error_bound: float | None = None
     candidates: list[Candidate] | None = None
+    #: What ``--codec auto`` picks for this key (dry-run report only).
+    auto_pick: str | None = None
 
 
 @dataclass
@@ -71,8 +75,9 @@ class DatasetResult:
         """One line of JSON; optional fields that do not apply are left out."""
         data = asdict(self)
         for key in data["keys"]:
-            if key["candidates"] is None:
-                del key["candidates"]
+            for optional in ("candidates", "auto_pick"):
+                if key[optional] is None:
+                    del key[optional]
         return json.dumps(_ordered(data), allow_nan=False)
 
 
@@ -95,7 +100,7 @@ def _err(x: float | None) -> str:
 
 
 def _ratio(before: int, after: int) -> str:
-    return f"{before / after:.2f}x" if after else "-"
+    return f"{before / after:.2f}x" if after else "inf"
 
 
 def render(result: DatasetResult, console: Console) -> None:
@@ -103,35 +108,51 @@ def render(result: DatasetResult, console: Console) -> None:
     title = f"{result.command}: {result.input} ({result.format})"
     if result.output:
         title += f" -> {result.output}"
-    title = escape(title)
-    table = Table(title=title, title_justify="left")
-    for name in ("key", "codec", "before", "after", "ratio", "max abs err", "rmse", "exact rows"):
+    table = Table(title=escape(title), title_justify="left")
+    columns = (
+        "key",
+        "codec",
+        "before",
+        "after",
+        "ratio",
+        "max abs err",
+        "rmse",
+        "exact rows",
+        "exceptions",
+    )
+    for name in columns:
         table.add_column(name, justify="left" if name in ("key", "codec") else "right")
     for k in result.keys:
         label = f"{escape(k.key)}\n[dim]{k.dtype} {'x'.join(map(str, k.shape))}[/dim]"
-        rows = [(k.codec, k.bytes_after, k.max_abs_error, k.rmse, k.exact_rows, k.bad_rows)]
-        if k.candidates:
-            rows = [
-                (c.codec, c.bytes_after, c.max_abs_error, c.rmse, c.exact_rows, c.bad_rows)
-                for c in k.candidates
-            ]
-        for i, (codec, after, mae, rmse, exact, bad) in enumerate(rows):
-            marked = k.candidates is not None and codec == k.codec
-            errs = [_err(mae), _err(rmse)] if not bad else [f"[red]{bad} rows unstorable[/red]", ""]
+        options: list[Any] = k.candidates or [k]
+        for i, c in enumerate(options):
+            name = c.codec
+            if k.candidates is not None:
+                marks = [
+                    m for m, hit in (("*", name == k.codec), ("auto", name == k.auto_pick)) if hit
+                ]
+                name = f"[bold]{name}[/bold] {' '.join(marks)}" if marks else name
             table.add_row(
                 label if i == 0 else "",
-                f"[bold]{codec}[/bold] *" if marked else codec,
+                name,
                 _size(k.bytes_before) if i == 0 else "",
-                _size(after),
-                _ratio(k.bytes_before, after),
-                *errs,
-                f"{exact}/{k.rows}",
+                _size(c.bytes_after),
+                _ratio(k.bytes_before, c.bytes_after),
+                _err(c.max_abs_error),
+                _err(c.rmse),
+                f"{c.exact_rows}/{k.rows}",
+                str(c.exception_rows),
             )
+        if k.codec == "none":
+            why = "no codec beats the raw bytes" + (
+                f" within {k.max_abs_error_bound:g}" if k.max_abs_error_bound else " losslessly"
+            )
+            table.add_row("", f"[yellow]kept uncompressed: {why}[/yellow]", *[""] * 7)
     console.print(table)
     total = (
         f"dataset on disk: {_size(result.bytes_before)} -> {_size(result.bytes_after)} "
         f"({_ratio(result.bytes_before, result.bytes_after)})"
     )
     if result.command == "report" and not result.compressed:
-        total += "; estimate for the codecs marked *"
+        total += "; estimate for the codecs marked *; auto marks what --codec auto picks"
     console.print(total)

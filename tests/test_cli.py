@@ -72,9 +72,10 @@ def test_compress_inflate_report_json(
 
 
 def test_report_dry_run_lists_every_codec(cli: Cli) -> None:
-    data = _json(cli("report", SAMPLE / "hopper_ted", "--json"))
+    data = _json(cli("report", SAMPLE / "hopper_ted", "--max-abs-error", "1e-3", "--json"))
     (key,) = data["keys"]
     assert [c["codec"] for c in key["candidates"]] == list(CODECS)
+    assert key["auto_pick"] == "exact" and key["codec"] == "fp16"
     assert all(
         {"codec", "bytes_after", "max_abs_error", "rmse"} <= set(c) for c in key["candidates"]
     )
@@ -83,8 +84,8 @@ def test_report_dry_run_lists_every_codec(cli: Cli) -> None:
 def test_tables_for_people(cli: Cli, tmp_path: Path) -> None:
     out = cli("compress", SAMPLE / "hopper_ted", "-o", tmp_path / "small").stdout
     assert "next/observation" in out and "fp16" in out and "dataset on disk" in out
-    dry = cli("report", SAMPLE / "halfcheetah_ted.pt").stdout
-    assert all(c in dry for c in CODECS) and "estimate" in dry
+    dry = cli("report", SAMPLE / "halfcheetah_ted.pt", "-e", "0.01").stdout
+    assert all(c in dry for c in CODECS) and "estimate" in dry and "exact auto" in dry
     assert cli("inflate", tmp_path / "small", "-o", tmp_path / "back", "-q").stdout == ""
 
 

@@ -5,6 +5,7 @@ Parametrised over codec x source dtype x shape (with nested keys) x container fo
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from obsdelta_cli import compress, inflate, report
-from obsdelta_cli.codecs import CODECS, get_codec
-from obsdelta_cli.errors import DataError
+from obsdelta_cli.codecs import CODECS, make_codec
+from obsdelta_cli.errors import DataError, UsageError
 from obsdelta_cli.pipeline import FORMAT_VERSION
 from obsdelta_cli.stats import bit_equal_rows
 
@@ -100,11 +101,24 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
+def _settings() -> list[tuple[str, float | None]]:
+    """Every registered codec (with a bound where it needs one), and auto, lossless and bounded."""
+    out: list[tuple[str, float | None]] = []
+    for codec in CODECS:
+        try:
+            make_codec(codec)
+            out.append((codec, None))
+        except UsageError:
+            out.append((codec, 1e-3))
+    return [*out, ("auto", None), ("auto", 1e-3)]
+
+
 @pytest.mark.parametrize("shape", ["T,D", "B,T,D", "T,C,H,W", "nested"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
-@pytest.mark.parametrize("codec", list(CODECS))
+@pytest.mark.parametrize(("codec", "bound"), _settings(), ids=lambda v: str(v))
 def test_round_trip(
     codec: str,
+    bound: float | None,
     dtype: torch.dtype,
     shape: str,
     fmt: str,
@@ -117,22 +131,24 @@ def test_round_trip(
     src = WRITERS[fmt](original, tmp_path / "in")
     small, back = tmp_path / ("small" + src.suffix), tmp_path / ("back" + src.suffix)
 
-    result = compress(src, small, codec=codec)
+    result = compress(src, small, codec=codec, max_abs_error=bound)
     pairs = [("observation",)] + ([("agent", "obs")] if shape == "nested" else [])
     assert [k.key for k in result.keys] == ["/".join(("next", *p)) for p in pairs]
 
     stored = read_any(small)
     plain = read_any(src)  # as the format stores it (a replay buffer adds rows and keys)
-    stored_dtype = get_codec(codec).stored_dtype(dtype)
-    for p in pairs:
+    for p, k in zip(pairs, result.keys, strict=True):
+        if k.codec == "none":
+            continue
         assert ("next", *p) not in stored.keys(True, True)
-        assert stored["next", "delta", *p].dtype == stored_dtype
+        if k.stored_dtype is not None:
+            assert str(stored["next", "delta", *p].dtype) == f"torch.{k.stored_dtype}"
     # Every other leaf is byte-identical.
+    rewritten = {("next", *p) for p, k in zip(pairs, result.keys, strict=True) if k.codec != "none"}
     for key, leaf in plain.items(True, True):
         key = key if isinstance(key, tuple) else (key,)
-        if key[0] == "next" and key[1:] in pairs:
-            continue
-        assert _bits_equal(stored[key], leaf), key
+        if key not in rewritten:
+            assert _bits_equal(stored[key], leaf), key
 
     restored = inflate(small, back)
     out = read_any(back)
@@ -148,11 +164,19 @@ def test_round_trip(
         # Never worse than the report says, and the report is the real figure.
         assert float(err.max()) <= k.max_abs_error
         assert float(err.max()) == pytest.approx(k.max_abs_error, rel=1e-12, abs=0)
-        assert bool((err <= _bound(plain[p][valid], truth, stored_dtype)).all())
-        assert k.exact_rows == int(
-            bit_equal_rows(got.reshape(k.rows, -1), truth.reshape(k.rows, -1)).sum()
-        )
-    assert [k.max_abs_error for k in restored.keys] == [k.max_abs_error for k in result.keys]
+        if bound is not None:
+            assert float(err.max()) <= bound
+        if codec == "exact" or (codec == "auto" and not bound):
+            assert torch.equal(got, truth)
+        if k.codec in ("fp16", "bf16", "fp32"):
+            stored_dtype = make_codec(k.codec).stored_dtype(dtype)
+            assert bool((err <= _bound(plain[p][valid], truth, stored_dtype)).all())
+        if k.codec != "none":
+            flat = (got.reshape(k.rows, -1), truth.reshape(k.rows, -1))
+            assert k.exact_rows == int(bit_equal_rows(*flat).sum())
+    assert [k.max_abs_error for k in restored.keys] == [
+        k.max_abs_error for k in result.keys if k.codec != "none"
+    ]
 
 
 def test_metadata_describes_the_file(tmp_path: Path, hopper: TensorDictBase) -> None:
@@ -171,17 +195,20 @@ def test_metadata_describes_the_file(tmp_path: Path, hopper: TensorDictBase) -> 
     assert td["next", "delta", "observation"].dtype == torch.bfloat16
 
 
-def test_default_selection_skips_integers_and_mismatches(
+def test_default_selection_depends_on_the_codec(
     tmp_path: Path, hopper: TensorDictBase, pong: TensorDictBase
 ) -> None:
-    td = hopper.clone()
-    td["pixels"] = pong["pixels"][:1].expand(3000, 1, 53, 40).clone()
-    td["next", "pixels"] = td["pixels"].clone()
-    td["extra"] = torch.zeros(3000, 4)
-    td["next", "extra"] = torch.zeros(3000, 5)  # twin of another shape: not a pair
+    td = hopper[:200].clone()
+    td["pixels"] = pong["pixels"]
+    td["next", "pixels"] = pong["next", "pixels"]
+    td["extra"] = torch.zeros(200, 4)
+    td["next", "extra"] = torch.zeros(200, 5)  # twin of another shape: not a pair
     src = WRITERS["ted-memmap"](td, tmp_path / "in")
-    result = compress(src, tmp_path / "out")
-    assert [k.key for k in result.keys] == ["next/observation"]
+    # Cast codecs skip integer leaves (subtracting uint8 wraps); exact encodes them; bool flags
+    # such as done/terminated are never observations.
+    assert [k.key for k in compress(src, tmp_path / "a").keys] == ["next/observation"]
+    exact = compress(src, tmp_path / "b", codec="exact").keys
+    assert [k.key for k in exact] == ["next/observation", "next/pixels"]
 
 
 def test_key_option_accepts_next_prefix(tmp_path: Path, hopper: TensorDictBase) -> None:
@@ -191,39 +218,103 @@ def test_key_option_accepts_next_prefix(tmp_path: Path, hopper: TensorDictBase) 
     assert [k.key for k in a.keys] == [k.key for k in b.keys] == ["next/observation"]
 
 
-def test_overflow_is_refused_not_written(tmp_path: Path, hopper: TensorDictBase) -> None:
+def test_overflow_becomes_exception_rows_or_is_refused(
+    tmp_path: Path, hopper: TensorDictBase
+) -> None:
     td = hopper.clone()
     td["next", "observation"][10:13] = 1e6
     src = WRITERS["ted-memmap"](td, tmp_path / "in")
-    with pytest.raises(DataError, match=r"3 of 3000 rows .* --codec fp32"):
-        compress(src, tmp_path / "out")
+    with pytest.raises(DataError, match=r"3 of 3000 rows .*beyond fp16's range.* --codec fp32"):
+        compress(src, tmp_path / "out", exceptions=False)
     assert not (tmp_path / "out").exists()
-    ok = compress(src, tmp_path / "out", codec="fp32")
+    (key,) = compress(src, tmp_path / "out").keys
+    assert key.exception_rows == 3
     stored = TensorDict.load_memmap(tmp_path / "out")["next", "delta", "observation"]
-    assert bool(torch.isfinite(stored).all()) and ok.keys[0].max_abs_error < 1e-1
+    assert bool(torch.isfinite(stored).all())
+    inflate(tmp_path / "out", tmp_path / "back")
+    back = TensorDict.load_memmap(tmp_path / "back")["next", "observation"]
+    assert torch.equal(back[10:13], td["next", "observation"][10:13])
 
 
 def test_report_dry_run_matches_compress(tmp_path: Path, cheetah: TensorDictBase) -> None:
     src = WRITERS["ted-pt"](cheetah, tmp_path / "in")
     dry = report(src)
     (key,) = dry.keys
-    assert [c.codec for c in key.candidates or []] == list(CODECS)
+    assert key.auto_pick == "exact"
+    assert {c.codec for c in key.candidates or []} == {"exact", "fp16", "bf16", "fp32"}
     for cand in key.candidates or []:
         real = compress(src, tmp_path / f"{cand.codec}.pt", codec=cand.codec).keys[0]
-        assert (cand.bytes_after, cand.max_abs_error, cand.rmse, cand.exact_rows) == (
+        assert (cand.bytes_after, cand.max_abs_error, cand.rmse, cand.exception_rows) == (
             real.bytes_after,
             real.max_abs_error,
             real.rmse,
-            real.exact_rows,
+            real.exception_rows,
         )
     compressed = report(tmp_path / "fp16.pt")
     assert compressed.compressed and compressed.keys[0].max_abs_error == key.max_abs_error
+    bounded = report(src, max_abs_error=1e-2)
+    assert {"q8", "q16"} <= {c.codec for c in bounded.keys[0].candidates or []}
+
+
+@pytest.mark.parametrize("sample", ["hopper", "cheetah"])
+def test_exact_stores_episode_boundaries_only(
+    sample: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    td = request.getfixturevalue(sample)
+    src = WRITERS["ted-memmap"](td, tmp_path / "in")
+    (key,) = compress(src, tmp_path / "small", codec="exact").keys
+    episodes_ends = int(td["next", "done"].sum()) + math.prod(td.batch_size[:-1])
+    assert key.exception_rows <= episodes_ends
+    assert key.bytes_after <= 0.03 * key.bytes_before
+    inflate(tmp_path / "small", tmp_path / "back")
+    back = TensorDict.load_memmap(tmp_path / "back")
+    assert torch.equal(back["next", "observation"], td["next", "observation"])
+
+
+def test_exact_on_shuffled_rows_stays_correct_and_bounded(
+    tmp_path: Path, hopper: TensorDictBase
+) -> None:
+    shuffled = hopper[torch.randperm(hopper.shape[0], generator=torch.Generator().manual_seed(0))]
+    src = WRITERS["ted-memmap"](shuffled, tmp_path / "in")
+    (key,) = compress(src, tmp_path / "small", codec="exact").keys
+    # Degrades gracefully: never more than the raw rows plus an 8-byte index per row.
+    assert key.bytes_after <= key.bytes_before + 8 * key.rows
+    inflate(tmp_path / "small", tmp_path / "back")
+    back = TensorDict.load_memmap(tmp_path / "back")
+    assert torch.equal(back["next", "observation"], shuffled["next", "observation"])
+    # auto finds nothing smaller than raw losslessly, keeps the key and says so.
+    (kept,) = compress(src, tmp_path / "auto", codec="auto").keys
+    assert kept.codec == "none"
+    assert ("next", "observation") in TensorDict.load_memmap(tmp_path / "auto").keys(True, True)
+
+
+def test_time_dim_finds_the_successor(tmp_path: Path, cheetah: TensorDictBase) -> None:
+    time_first = cheetah.transpose(0, 1).contiguous()  # [T, B]
+    src = WRITERS["ted-memmap"](time_first, tmp_path / "in")
+    right = compress(src, tmp_path / "a", codec="exact", time_dim=0).keys[0]
+    wrong = compress(src, tmp_path / "b", codec="exact").keys[0]
+    assert right.exception_rows < 0.05 * right.rows < wrong.exception_rows
+    for out in ("a", "b"):
+        inflate(tmp_path / out, tmp_path / f"{out}-back")
+        back = TensorDict.load_memmap(tmp_path / f"{out}-back")["next", "observation"]
+        assert torch.equal(back, time_first["next", "observation"])
 
 
 def test_small_chunks_give_the_same_bytes(tmp_path: Path, hopper: TensorDictBase) -> None:
     src = WRITERS["ted-memmap"](hopper, tmp_path / "in")
-    big = compress(src, tmp_path / "big")
-    small = compress(src, tmp_path / "small", chunk_mb=0.01)  # ~40 chunks
-    assert big.keys == small.keys
-    a = (tmp_path / "big/next/delta/observation.memmap").read_bytes()
-    assert a == (tmp_path / "small/next/delta/observation.memmap").read_bytes()
+    for codec in ("fp16", "exact"):
+        big = compress(src, tmp_path / f"big-{codec}", codec=codec)
+        small = compress(src, tmp_path / f"small-{codec}", codec=codec, chunk_mb=0.01)
+        assert big.keys == small.keys
+        assert _tree_bytes(tmp_path / f"big-{codec}") == _tree_bytes(tmp_path / f"small-{codec}")
+        inflate(tmp_path / f"small-{codec}", tmp_path / f"back-{codec}", chunk_mb=0.001)
+        back = TensorDict.load_memmap(tmp_path / f"back-{codec}")
+        assert torch.equal(back["observation"], hopper["observation"])
+
+
+def _tree_bytes(path: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(path)): p.read_bytes()
+        for p in sorted(path.rglob("*"))
+        if p.is_file() and p.name != "obsdelta.json"
+    }

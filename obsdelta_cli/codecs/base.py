@@ -1,39 +1,50 @@
-"""The codec interface: how a delta is made from ``(obs, next_obs)`` and undone.
+"""The codec interface: how ``next_obs`` is stored given ``obs`` (and ``obs[t+1]``) and rebuilt.
 
 A codec is a small, self-describing unit. Its JSON config is stored beside the data, so a
 compressed file can always be decoded with :func:`obsdelta_cli.codecs.codec_from_config`.
 
-Reconstruction is defined once, here, for every codec: ``next = decode(obs, stored)`` computed in
-the *restore dtype* (the source dtype recorded at compress time). The error obsdelta reports is
-measured on exactly this computation, so the report and ``inflate`` can never disagree.
+A codec works on chunks of rows ``[n, *features]`` and treats each row on its own: it gets the
+row's observation, its next observation and, for codecs that use it, its *successor* (the
+observation one step later along time, ``obs[t+1]``; for a row with no successor, its own
+observation). It returns the per-row stored tensor (or ``None`` if it stores nothing per row),
+and ``decode`` rebuilds the next observation in the *restore dtype* (the source dtype).
+
+Rows a codec cannot represent well enough are not its concern: the pipeline compares every
+decoded row with the original and stores the rows that fail as exceptions, in full precision.
+The error obsdelta reports is measured on exactly what ``decode`` returns, so the report and
+``inflate`` can never disagree.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import torch
 
 
 class Codec(ABC):
-    """Turns a chunk of ``(obs, next_obs)`` rows into a stored delta and back.
-
-    Subclasses set :attr:`id` and implement :meth:`stored_dtype`, :meth:`encode` and
-    :meth:`decode`. Chunks are row slices along the first dimension, so a codec must treat
-    every row independently.
-    """
+    """Turns chunks of ``(obs, next_obs)`` rows into a stored tensor and back."""
 
     id: ClassVar[str]
     #: One line for ``--help`` and the README table.
     summary: ClassVar[str] = ""
+    #: Whether :meth:`decode` reads the successor row ``obs[t+1]``.
+    uses_successor: ClassVar[bool] = False
+    #: Rows it keeps are bit-identical; everything else is an exception row.
+    lossless: ClassVar[bool] = False
+
+    @classmethod
+    def create(cls, max_abs_error: float | None) -> Self:
+        """The codec with parameters suited to an error bound (``None``: no bound)."""
+        return cls()
 
     def get_config(self) -> dict[str, Any]:
         """JSON-serialisable parameters; ``codec_from_config(c.get_config())`` rebuilds ``c``."""
         return {"id": self.id}
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> Codec:
+    def from_config(cls, config: dict[str, Any]) -> Self:
         """Rebuild a codec from :meth:`get_config` output."""
         return cls()
 
@@ -42,18 +53,24 @@ class Codec(ABC):
         return dtype.is_floating_point
 
     @abstractmethod
-    def stored_dtype(self, source: torch.dtype) -> torch.dtype:
-        """The dtype of the stored delta leaf for a source of dtype ``source``."""
+    def stored_dtype(self, source: torch.dtype) -> torch.dtype | None:
+        """The dtype of the per-row stored leaf, or ``None`` if the codec stores no leaf."""
 
     @abstractmethod
-    def encode(self, obs: torch.Tensor, next_obs: torch.Tensor) -> torch.Tensor:
-        """Return the stored delta for a chunk of rows."""
+    def encode(
+        self, obs: torch.Tensor, next_obs: torch.Tensor, successor: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """The stored rows for a chunk (``None`` when :meth:`stored_dtype` is ``None``)."""
 
     @abstractmethod
     def decode(
-        self, obs: torch.Tensor, stored: torch.Tensor, restore_dtype: torch.dtype
+        self,
+        obs: torch.Tensor,
+        stored: torch.Tensor | None,
+        successor: torch.Tensor | None,
+        restore_dtype: torch.dtype,
     ) -> torch.Tensor:
-        """Rebuild ``next_obs`` (in ``restore_dtype``) from ``obs`` and the stored delta."""
+        """Rebuild ``next_obs`` for a chunk, in ``restore_dtype``."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.get_config()})"

@@ -1,4 +1,4 @@
-"""Cast codecs: ``delta = (next_obs - obs)`` cast once to a narrower float dtype.
+"""Cast codecs: ``delta = next_obs - obs`` cast once to a narrower float dtype.
 
 These store exactly what TorchRL's ``NextObservationDelta`` stores (``("next", "delta", k)`` of a
 float dtype) and rebuild it the same way, ``obs.to(dtype) + delta.to(dtype)``, so a file written
@@ -6,15 +6,15 @@ with them can be sampled by TorchRL's own transform.
 
 Notes
 -----
-The subtraction runs in the wider of the source and stored dtypes (for a float32 source and the
-``fp16`` codec that is float32, as in TorchRL); a float16 source with ``fp32`` is therefore
-subtracted without overflow. A delta beyond the stored dtype's range becomes ``inf`` in the cast;
-the pipeline detects such rows and refuses the key rather than writing them.
+The subtraction runs in the wider of the source and stored dtypes (for a float32 source and
+``fp16`` that is float32, as in TorchRL). A delta beyond the stored dtype's range becomes ``inf``
+in the cast; the pipeline turns such rows into exception rows (or refuses the key with
+``--no-exceptions``) and never writes them.
 
 >>> import torch
 >>> codec = Float16Delta()
 >>> obs = torch.tensor([[1.0, 2.0]]); nxt = torch.tensor([[1.5, 1.0]])
->>> codec.decode(obs, codec.encode(obs, nxt), torch.float32)
+>>> codec.decode(obs, codec.encode(obs, nxt, None), None, torch.float32)
 tensor([[1.5000, 1.0000]])
 """
 
@@ -35,13 +35,20 @@ class CastDelta(Codec):
     def stored_dtype(self, source: torch.dtype) -> torch.dtype:
         return self.dtype
 
-    def encode(self, obs: torch.Tensor, next_obs: torch.Tensor) -> torch.Tensor:
+    def encode(
+        self, obs: torch.Tensor, next_obs: torch.Tensor, successor: torch.Tensor | None
+    ) -> torch.Tensor:
         work = torch.promote_types(obs.dtype, self.dtype)
         return (next_obs.to(work) - obs.to(work)).to(self.dtype)
 
     def decode(
-        self, obs: torch.Tensor, stored: torch.Tensor, restore_dtype: torch.dtype
+        self,
+        obs: torch.Tensor,
+        stored: torch.Tensor | None,
+        successor: torch.Tensor | None,
+        restore_dtype: torch.dtype,
     ) -> torch.Tensor:
+        assert stored is not None
         # The same expression TorchRL's NextObservationDelta.forward evaluates.
         return obs.to(restore_dtype) + stored.to(restore_dtype)
 

@@ -9,18 +9,92 @@ where the obsdelta metadata lives. Everything about deltas, codecs and errors li
 from __future__ import annotations
 
 import json
+import math
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import torch
 from tensordict import TensorDictBase
 
 from ..errors import InputError
 
 #: File name of the metadata written beside the data in directory containers.
 SIDECAR = "obsdelta.json"
+#: Folder of the variable-length arrays (exception rows) in directory containers.
+ARRAYS_DIR = "obsdelta.arrays"
+
+
+class ArrayStore:
+    """Named variable-length arrays stored beside the TensorDict (exception rows and their index).
+
+    Arrays are appended chunk by chunk while writing, and read back lazily with the dtype and
+    shape recorded in the metadata. This default keeps each array in a raw file of a folder.
+
+    >>> import tempfile, pathlib
+    >>> store = ArrayStore(pathlib.Path(tempfile.mkdtemp()) / "a")
+    >>> store.append("x", torch.arange(3)); store.append("x", torch.arange(2))
+    >>> store.get("x", torch.int64, (5,)).tolist()
+    [0, 1, 2, 0, 1]
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def append(self, name: str, rows: torch.Tensor) -> None:
+        self.folder.mkdir(exist_ok=True)
+        with (self.folder / f"{name}.bin").open("ab") as fh:
+            fh.write(rows.contiguous().view(torch.uint8).numpy().tobytes())
+
+    def get(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        numel = math.prod(shape)
+        if numel == 0:
+            return torch.empty(shape, dtype=dtype)
+        file = self.folder / f"{name}.bin"
+        expected = numel * dtype.itemsize
+        if not file.is_file() or file.stat().st_size != expected:
+            raise InputError(
+                f"array {name} is missing or not {expected} bytes long",
+                file=file,
+                hint="the compressed dataset is damaged",
+            )
+        return torch.from_file(str(file), shared=False, size=numel, dtype=dtype).view(shape)
+
+
+class MemoryArrays(ArrayStore):
+    """Arrays kept in memory, for containers saved whole (``.pt``)."""
+
+    def __init__(self, arrays: dict[str, torch.Tensor] | None = None) -> None:
+        self.arrays: dict[str, torch.Tensor] = dict(arrays or {})
+        self._parts: dict[str, list[torch.Tensor]] = {}
+
+    def append(self, name: str, rows: torch.Tensor) -> None:
+        self._parts.setdefault(name, []).append(rows.clone())
+
+    def collect(self) -> dict[str, torch.Tensor]:
+        """All arrays appended so far, each as one tensor."""
+        for name, parts in self._parts.items():
+            self.arrays[name] = torch.cat(parts)
+        self._parts.clear()
+        return self.arrays
+
+    def get(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        if math.prod(shape) == 0:
+            return torch.empty(shape, dtype=dtype)
+        array = self.arrays.get(name)
+        if array is None or array.dtype != dtype or tuple(array.shape) != tuple(shape):
+            raise InputError(f"array {name} is missing or of the wrong shape")
+        return array
+
+
+@dataclass
+class Sink:
+    """An output being written: the TensorDict of per-row leaves and the array store."""
+
+    td: TensorDictBase
+    arrays: ArrayStore
 
 
 @dataclass
@@ -33,6 +107,8 @@ class Source:
     #: Rows along the first batch dimension that hold data (a replay buffer's ``len``);
     #: ``None`` means all of them.
     valid_rows: int | None = None
+    #: Where the arrays of a compressed source live.
+    arrays: ArrayStore | None = None
 
 
 class Format(ABC):
@@ -52,14 +128,14 @@ class Format(ABC):
         """Open ``path`` for reading without loading it whole."""
 
     @abstractmethod
-    def create(self, path: Path, template: TensorDictBase, source: Source) -> TensorDictBase:
+    def create(self, path: Path, template: TensorDictBase, source: Source) -> Sink:
         """Create an empty, writable output at ``path`` with ``template``'s keys, shapes and dtypes.
 
         ``source`` is the opened input, for containers that carry more than the TensorDict.
         """
 
     @abstractmethod
-    def finish(self, path: Path, out: TensorDictBase, meta: dict[str, Any] | None) -> None:
+    def finish(self, path: Path, out: Sink, meta: dict[str, Any] | None) -> None:
         """Write ``meta`` (``None`` for a plain, inflated dataset) and flush ``out`` to ``path``."""
 
 

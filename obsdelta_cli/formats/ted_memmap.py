@@ -2,12 +2,14 @@
 
 Each (sub-)TensorDict is a folder with a ``meta.json``; each leaf a raw ``<key>.memmap`` buffer.
 A compressed directory is still an ordinary tensordict memmap (``TensorDict.load_memmap`` opens
-it); the obsdelta metadata is the extra file ``obsdelta.json`` at its root.
+it); the obsdelta metadata is the extra file ``obsdelta.json`` at its root and exception rows, if
+any, are raw files in the extra folder ``obsdelta.arrays/``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from ..errors import InputError
-from .base import Format, Source, read_sidecar, write_sidecar
+from .base import ARRAYS_DIR, ArrayStore, Format, Sink, Source, read_sidecar, write_sidecar
 
 
 def load_memmap_dir(path: Path) -> TensorDictBase:
@@ -27,6 +29,8 @@ def load_memmap_dir(path: Path) -> TensorDictBase:
             file=path,
             hint="pass a folder written by TensorDict.memmap()",
         )
+    # Before tensordict maps anything: it would silently grow a short leaf file with zeros.
+    _check_leaf_files(path)
     try:
         td = TensorDict.load_memmap(path)
     except Exception as exc:  # tensordict raises many types for damaged folders
@@ -35,17 +39,43 @@ def load_memmap_dir(path: Path) -> TensorDictBase:
             file=path,
             hint="the folder is damaged or incomplete",
         ) from None
-    _check_leaf_files(path, td)
     return _in_file_order(td.apply(_read_only), path)
 
 
-def _read_only(t: torch.Tensor) -> torch.Tensor:
-    """Map a leaf's file privately: a write through it can never reach the input file."""
-    filename = getattr(t, "filename", None)
-    if filename is None:
-        return t
-    private = torch.from_file(str(filename), shared=False, size=t.numel(), dtype=t.dtype)
-    return private.view(t.shape)
+def _check_leaf_files(directory: Path, prefix: str = "") -> None:
+    """Every leaf file listed in ``meta.json`` exists and holds at least the promised bytes."""
+    try:
+        entries = json.loads((directory / "meta.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(
+            f"meta.json is unreadable ({exc})", file=directory / "meta.json", hint="damaged folder"
+        ) from None
+    for name, entry in entries.items():
+        if not isinstance(entry, dict):
+            continue
+        key = f"{prefix}{name}"
+        if entry.get("type") == "TensorDict" and (directory / name / "meta.json").is_file():
+            _check_leaf_files(directory / name, f"{key}/")
+            continue
+        dtype = getattr(torch, str(entry.get("dtype", "")).removeprefix("torch."), None)
+        shape = entry.get("shape")
+        if (
+            not isinstance(dtype, torch.dtype)
+            or not isinstance(shape, list)
+            or entry.get("is_nested")
+        ):
+            continue
+        file = directory / f"{name}.memmap"
+        expected = math.prod(shape) * dtype.itemsize
+        actual = file.stat().st_size if file.is_file() else None
+        if expected and (actual is None or actual < expected):
+            found = "is missing" if actual is None else f"holds {actual} bytes"
+            raise InputError(
+                f"leaf file {found} but meta.json promises {expected}",
+                file=file,
+                key=key,
+                hint="the folder is truncated or incomplete; restore it from the original",
+            )
 
 
 def _in_file_order(td: TensorDictBase, directory: Path) -> TensorDictBase:
@@ -70,23 +100,13 @@ def _in_file_order(td: TensorDictBase, directory: Path) -> TensorDictBase:
     return out
 
 
-def _check_leaf_files(path: Path, td: TensorDictBase) -> None:
-    # torch.from_file maps a short file without complaint and reads past its end as zeros or
-    # crashes later, so every leaf's size is checked against what meta.json promises.
-    for key, value in td.items(include_nested=True, leaves_only=True):
-        filename = getattr(value, "filename", None)
-        if filename is None:
-            continue
-        expected = value.numel() * value.element_size()
-        actual = Path(filename).stat().st_size
-        if actual < expected:
-            name = "/".join(key) if isinstance(key, tuple) else key
-            raise InputError(
-                f"leaf file holds {actual} bytes but meta.json promises {expected}",
-                file=filename,
-                key=name,
-                hint="the folder is truncated; restore it from the original",
-            )
+def _read_only(t: torch.Tensor) -> torch.Tensor:
+    """Map a leaf's file privately: a write through it can never reach the input file."""
+    filename = getattr(t, "filename", None)
+    if filename is None:
+        return t
+    private = torch.from_file(str(filename), shared=False, size=t.numel(), dtype=t.dtype)
+    return private.view(t.shape)
 
 
 def is_memmap_dir(path: Path) -> bool:
@@ -110,10 +130,15 @@ class TedMemmap(Format):
         return is_memmap_dir(path)
 
     def open(self, path: Path) -> Source:
-        return Source(path=path, td=load_memmap_dir(path), meta=read_sidecar(path))
+        return Source(
+            path=path,
+            td=load_memmap_dir(path),
+            meta=read_sidecar(path),
+            arrays=ArrayStore(path / ARRAYS_DIR),
+        )
 
-    def create(self, path: Path, template: TensorDictBase, source: Source) -> TensorDictBase:
-        return template.memmap_like(path)
+    def create(self, path: Path, template: TensorDictBase, source: Source) -> Sink:
+        return Sink(template.memmap_like(path), ArrayStore(path / ARRAYS_DIR))
 
-    def finish(self, path: Path, out: TensorDictBase, meta: dict[str, Any] | None) -> None:
+    def finish(self, path: Path, out: Sink, meta: dict[str, Any] | None) -> None:
         write_sidecar(path, meta)

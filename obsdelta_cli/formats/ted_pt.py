@@ -2,7 +2,8 @@
 
 The whole TensorDict is unpickled (memory-mapped where torch can), so only open ``.pt`` files
 you trust, exactly as with ``torch.load``. A compressed ``.pt`` is still a TensorDict; its obsdelta
-metadata is the non-tensor string leaf ``_obsdelta`` at the root.
+metadata and exception rows are the non-tensor leaf ``_obsdelta`` at the root, a dict
+``{"meta": <JSON string>, "arrays": {name: tensor}}``.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import torch
 from tensordict import TensorDictBase
 
 from ..errors import InputError
-from .base import Format, Source
+from .base import Format, MemoryArrays, Sink, Source
 
 META_KEY = "_obsdelta"
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default format
 _PICKLE_MAGIC = b"\x80"  # protocol 2+ pickles, torch's legacy format
 
 
@@ -33,7 +35,7 @@ class TedPt(Format):
             return False
         with path.open("rb") as fh:
             head = fh.read(4)
-        return zipfile.is_zipfile(path) or head[:1] == _PICKLE_MAGIC
+        return head == _ZIP_MAGIC or head[:1] == _PICKLE_MAGIC
 
     def open(self, path: Path) -> Source:
         try:
@@ -50,22 +52,24 @@ class TedPt(Format):
                 file=path,
                 hint="save a TED TensorDict with torch.save(td, path)",
             )
-        meta = None
-        if META_KEY in obj.keys():
-            raw = obj.get_non_tensor(META_KEY)
-            obj = obj.exclude(META_KEY)
-            try:
-                meta = json.loads(raw)
-            except (TypeError, ValueError):
-                raise InputError(
-                    f"the {META_KEY} entry is not valid JSON", file=path, hint="the file is damaged"
-                ) from None
-        return Source(path=path, td=obj, meta=meta)
+        if META_KEY not in obj.keys():
+            return Source(path=path, td=obj, meta=None)
+        entry = obj.get_non_tensor(META_KEY)
+        try:
+            meta = json.loads(entry["meta"])
+            arrays = dict(entry["arrays"])
+        except (TypeError, ValueError, KeyError):
+            raise InputError(
+                f"the {META_KEY} entry is not obsdelta metadata", file=path, hint="damaged file"
+            ) from None
+        return Source(path=path, td=obj.exclude(META_KEY), meta=meta, arrays=MemoryArrays(arrays))
 
-    def create(self, path: Path, template: TensorDictBase, source: Source) -> TensorDictBase:
-        return template.apply(lambda t: torch.empty(t.shape, dtype=t.dtype))
+    def create(self, path: Path, template: TensorDictBase, source: Source) -> Sink:
+        return Sink(template.apply(lambda t: torch.empty(t.shape, dtype=t.dtype)), MemoryArrays())
 
-    def finish(self, path: Path, out: TensorDictBase, meta: dict[str, Any] | None) -> None:
+    def finish(self, path: Path, out: Sink, meta: dict[str, Any] | None) -> None:
+        td = out.td
         if meta is not None:
-            out.set_non_tensor(META_KEY, json.dumps(meta))
-        torch.save(out, path)
+            assert isinstance(out.arrays, MemoryArrays)
+            td.set_non_tensor(META_KEY, {"meta": json.dumps(meta), "arrays": out.arrays.collect()})
+        torch.save(td, path)

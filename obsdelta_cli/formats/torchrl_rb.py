@@ -4,7 +4,8 @@
 ``storage/storage_metadata.json`` says how many rows (``len``) hold data. Rows past ``len`` are
 not data: their deltas are stored as zero, so their next observations come back equal to their
 observations. Everything else in the dump (writer, sampler, RNG
-state, buffer metadata) is copied unchanged.
+state, buffer metadata) is copied unchanged. The obsdelta metadata is ``obsdelta.json`` and the
+exception rows ``obsdelta.arrays/``, both at the dump's root.
 """
 
 from __future__ import annotations
@@ -17,7 +18,16 @@ from typing import Any
 from tensordict import TensorDictBase
 
 from ..errors import InputError
-from .base import SIDECAR, Format, Source, read_sidecar, write_sidecar
+from .base import (
+    ARRAYS_DIR,
+    SIDECAR,
+    ArrayStore,
+    Format,
+    Sink,
+    Source,
+    read_sidecar,
+    write_sidecar,
+)
 from .ted_memmap import is_memmap_dir, load_memmap_dir
 
 STORAGE = "storage"
@@ -49,13 +59,20 @@ class TorchRLReplayBuffer(Format):
                 file=meta_file,
                 hint="the dump is damaged",
             )
-        return Source(path=path, td=td, meta=read_sidecar(path), valid_rows=length)
+        return Source(
+            path=path,
+            td=td,
+            meta=read_sidecar(path),
+            valid_rows=length,
+            arrays=ArrayStore(path / ARRAYS_DIR),
+        )
 
-    def create(self, path: Path, template: TensorDictBase, source: Source) -> TensorDictBase:
-        shutil.copytree(source.path, path, ignore=shutil.ignore_patterns(STORAGE, SIDECAR))
+    def create(self, path: Path, template: TensorDictBase, source: Source) -> Sink:
+        ignore = shutil.ignore_patterns(STORAGE, SIDECAR, ARRAYS_DIR)
+        shutil.copytree(source.path, path, ignore=ignore)
         out = template.memmap_like(path / STORAGE)
         shutil.copy2(source.path / STORAGE / STORAGE_META, path / STORAGE / STORAGE_META)
-        return out
+        return Sink(out, ArrayStore(path / ARRAYS_DIR))
 
-    def finish(self, path: Path, out: TensorDictBase, meta: dict[str, Any] | None) -> None:
+    def finish(self, path: Path, out: Sink, meta: dict[str, Any] | None) -> None:
         write_sidecar(path, meta)
