@@ -1,11 +1,10 @@
 """The pipeline: stream chunks of rows from a source container through a codec into an output.
 
-``compress`` replaces each selected ``("next", *k)`` leaf with what a codec stores (usually
-``("next", "delta", *k)``) plus exception rows; ``inflate`` undoes it; ``report`` measures
-without writing. Containers are reached only through the format adapters and deltas only through
-the codecs, so this module holds the semantics: which keys pair up, rows and their successors
-along time, which rows become exceptions, the order of leaves, the metadata and the error
-accounting.
+``compress`` replaces each selected next-observation leaf with what a codec stores (usually a
+delta leaf) plus exception rows; ``inflate`` undoes it; ``report`` measures without writing.
+Containers are reached only through the format adapters and deltas only through the codecs, so
+this module holds the semantics: which pairs to encode, rows and their successors along time,
+which rows become exceptions, the metadata and the error accounting.
 
 >>> import tempfile, pathlib, torch
 >>> from tensordict import TensorDict
@@ -31,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
 
 from . import __version__
 from .atomic import atomic_output
@@ -44,7 +42,8 @@ from .errors import (
     OutputError,
     UsageError,
 )
-from .formats import ArrayStore, Format, Sink, Source, detect, disk_size
+from .formats import Format, Key, LeafSpec, Pair, Plan, Sink, Source, detect, disk_size, key_str
+from .formats.leaf import FlatRows, as_rows, is_data, nbytes
 from .report import Candidate, DatasetResult, KeyResult
 from .stats import ErrorStats, Verdict, judge
 
@@ -53,14 +52,9 @@ FORMAT_VERSION = 1
 DEFAULT_CHUNK_MB = 64
 #: Bytes an exception row costs beside its values: its int64 row index.
 INDEX_BYTES = 8
+# torch and tensordict report failed writes (disk full, no permission, file too large) as
+# RuntimeError; those messages name a file, an open, a resize or a position.
 _IO_FAILURE = re.compile(r"file|open|resize|unexpected pos|write|space|permi", re.IGNORECASE)
-
-Key = tuple[str, ...]
-
-
-def key_str(key: Key) -> str:
-    """Slash-joined form of a nested key, as used on the command line and in JSON."""
-    return "/".join(key)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -74,133 +68,90 @@ def _dtype(name: str, file: Path) -> torch.dtype:
     return dtype
 
 
-@dataclass(frozen=True)
-class Pair:
-    """A root observation leaf and the leaves derived from it under ``"next"``."""
-
-    obs_key: Key
-
-    @property
-    def next_key(self) -> Key:
-        return ("next", *self.obs_key)
-
-    @property
-    def delta_key(self) -> Key:
-        return ("next", "delta", *self.obs_key)
-
-    @property
-    def name(self) -> str:
-        return key_str(self.next_key)
-
-
 # ---------------------------------------------------------------------------------------------
 # Reading the source
 
 
-def _leaves(td: TensorDictBase, prefix: Key = ()) -> dict[Key, torch.Tensor]:
-    """Leaves in storage order (a sub-TensorDict's leaves stand at its position).
-
-    Non-tensor leaves (tensordict's ``NonTensorData``) are included as they are: they are carried
-    to the output through the template and never streamed.
-    """
-    # items(include_nested=True) lists a level's own leaves before its sub-TensorDicts, which
-    # would reorder keys on the way back; walk level by level instead.
-    out: dict[Key, torch.Tensor] = {}
-    for name, value in td.items():
-        key = (*prefix, name)
-        if isinstance(value, TensorDictBase):
-            out.update(_leaves(value, key))
-        else:
-            out[key] = value
-    return out
-
-
-def _open(path: Path) -> tuple[Format, Source]:
-    fmt = detect(path)
-    source = fmt.open(path)
-    if source.td.batch_size.numel() == 0 or source.td.batch_dims == 0 or source.valid_rows == 0:
-        raise DataError(
-            f"dataset has no rows (batch size {list(source.td.batch_size)})",
-            file=path,
-            hint="nothing to do; check that the right file was given",
-        )
-    return fmt, source
-
-
 def _pair_problem(
-    leaves: dict[Key, torch.Tensor], pair: Pair, supports: Callable[[torch.dtype], bool]
+    source: Source, pair: Pair, supports: Callable[[torch.dtype], bool]
 ) -> str | None:
     """Why ``pair`` cannot be encoded, or ``None`` if it can."""
-    obs, nxt = leaves.get(pair.obs_key), leaves.get(pair.next_key)
+    obs, nxt = source.leaves.get(pair.obs_key), source.leaves.get(pair.next_key)
     if obs is None:
-        return "no such leaf at the root"
+        return "no such leaf"
     if nxt is None:
-        return f"has no twin {pair.name}"
-    if not (isinstance(obs, torch.Tensor) and isinstance(nxt, torch.Tensor)):
+        return f"has no twin {key_str(pair.next_key)}"
+    if not (is_data(obs) and is_data(nxt)):
         return "is not a tensor"
-    if obs.shape != nxt.shape or obs.dtype != nxt.dtype:
+    if tuple(obs.shape) != tuple(nxt.shape) or obs.dtype != nxt.dtype:
         return (
             f"shape/dtype {list(obs.shape)} {_dtype_name(obs.dtype)} differs from "
-            f"{pair.name}'s {list(nxt.shape)} {_dtype_name(nxt.dtype)}"
+            f"{key_str(pair.next_key)}'s {list(nxt.shape)} {_dtype_name(nxt.dtype)}"
         )
     if not supports(obs.dtype):
         return f"is {_dtype_name(obs.dtype)}, which the chosen codec cannot encode"
+    if len(obs.shape) < source.batch_dims or math.prod(obs.shape[: source.batch_dims]) == 0:
+        return "has no rows"
     return None
 
 
 def select_pairs(
-    td: TensorDictBase,
+    fmt: Format,
+    source: Source,
     keys: Sequence[str] | None,
-    file: Path,
     supports: Callable[[torch.dtype], bool],
 ) -> list[Pair]:
-    """The observation pairs to encode: ``keys`` (slash-joined) or every eligible leaf.
+    """The pairs to encode: those ``keys`` name (any alias), or every eligible one.
 
-    By default a leaf is eligible if the codec supports its dtype; bool leaves never are (they
+    By default a pair is eligible if the codec supports its dtype; bool leaves never are (they
     are flags, not observations, as in TorchRL's ``excluded_dtypes``).
     """
-    leaves = _leaves(td)
-    if any(k[:2] == ("next", "delta") for k in leaves):
-        raise InputError(
-            "already holds next/delta leaves but no obsdelta metadata",
-            file=file,
-            hint="it was written by another tool (e.g. TorchRL's NextObservationDelta); "
-            "inflate it there first",
-        )
+    candidates = fmt.pairs(source)
     if keys:
-        pairs = []
+        chosen: list[Pair] = []
         for text in keys:
-            parts = tuple(p for p in text.split("/") if p)
-            pair = Pair(parts[1:] if parts[:1] == ("next",) else parts)
-            problem = _pair_problem(leaves, pair, supports) if pair.obs_key else "empty key"
-            if problem:
-                raise DataError(problem, file=file, key=text, hint="pick keys with --key")
-            if pair not in pairs:
-                pairs.append(pair)
-        return pairs
+            wanted = "/".join(p for p in text.split("/") if p)
+            named = [p for p in candidates if wanted in (p.name, *p.aliases)]
+            if not wanted or not named:
+                known = sorted({p.name for p in candidates})
+                why = "empty key" if not wanted else "no such leaf"
+                raise DataError(
+                    why, file=source.path, key=text, hint=f"known: {', '.join(known) or 'none'}"
+                )
+            for pair in named:
+                problem = _pair_problem(source, pair, supports)
+                if problem:
+                    raise DataError(
+                        problem, file=source.path, key=text, hint="pick keys with --key"
+                    )
+                if pair not in chosen:
+                    chosen.append(pair)
+        return chosen
 
     def eligible(dtype: torch.dtype) -> bool:
         return dtype != torch.bool and supports(dtype)
 
-    roots = [Pair(k) for k in leaves if k[0] != "next"]
-    pairs = [p for p in roots if _pair_problem(leaves, p, eligible) is None]
+    pairs = [p for p in candidates if _pair_problem(source, p, eligible) is None]
     if not pairs:
+        empty = [p for p in candidates if _pair_problem(source, p, eligible) == "has no rows"]
         raise DataError(
-            "found no leaf the codec can encode with a same-shaped twin under 'next'",
-            file=file,
-            hint="nothing to compress; name keys with --key, or try --codec exact",
+            "has no rows" if empty else "found no leaf the codec can encode with a twin",
+            file=source.path,
+            key=empty[0].name if empty else None,
+            hint="nothing to compress; check the file, name keys with --key, or try --codec exact",
         )
     return pairs
 
 
-def _check_time_dim(td: TensorDictBase, time_dim: int, file: Path) -> int:
-    if not -td.batch_dims <= time_dim < td.batch_dims:
+def _time_dim(source: Source, time_dim: int) -> int:
+    dims = source.batch_dims
+    if not -dims <= time_dim < dims:
         raise UsageError(
-            f"--time-dim {time_dim} is not a batch dimension of batch size {list(td.batch_size)}",
-            file=file,
-            hint=f"use a value in [{-td.batch_dims}, {td.batch_dims - 1}]",
+            f"--time-dim {time_dim} is not a batch dimension (the data has {dims})",
+            file=source.path,
+            hint=f"use a value in [{-dims}, {dims - 1}]",
         )
-    return time_dim % td.batch_dims
+    return time_dim % dims
 
 
 def read_meta(source: Source) -> dict[str, Any]:
@@ -240,9 +191,11 @@ class Rows:
     valid: int
     step: int
     length: int
+    #: Rows per index of the first batch dimension: chunks of lazy leaves align to it.
+    align: int
 
     @classmethod
-    def of(cls, batch: torch.Size, time_dim: int, valid_rows: int | None) -> Rows:
+    def of(cls, batch: Sequence[int], time_dim: int, valid_rows: int | None) -> Rows:
         per_first = math.prod(batch[1:])
         valid = batch[0] if valid_rows is None else valid_rows
         return cls(
@@ -250,6 +203,7 @@ class Rows:
             valid=valid * per_first,
             step=math.prod(batch[time_dim + 1 :]),
             length=batch[time_dim],
+            align=per_first,
         )
 
     def has_successor(self, start: int, stop: int) -> torch.Tensor:
@@ -257,38 +211,31 @@ class Rows:
         return ((r // self.step) % self.length < self.length - 1) & (r + self.step < self.valid)
 
 
-def _flat(t: torch.Tensor, batch_dims: int) -> torch.Tensor:
-    """View a leaf as ``[rows, *features]`` (leaves are contiguous, so this is free)."""
-    return t.reshape(-1, *t.shape[batch_dims:])
+def _slices(rows: Any, stop: int, chunk_bytes: int, align: int) -> Iterator[slice]:
+    """Row slices of about ``chunk_bytes`` of ``rows`` (flat) up to ``stop``; lazy leaves are
+    cut at whole indices of their first dimension."""
+    row_bytes = max(1, math.prod(rows.shape[1:]) * rows.dtype.itemsize)
+    step = max(1, chunk_bytes // row_bytes)
+    if isinstance(rows, FlatRows) and align > 1:
+        step = max(align, step - step % align)
+    for start in range(0, stop, step):
+        yield slice(start, min(stop, start + step))
 
 
-@dataclass(frozen=True)
-class _Chunker:
-    rows: Rows
-    chunk_bytes: int
-
-    def slices(self, leaf: torch.Tensor, stop: int | None = None) -> Iterator[slice]:
-        """Row slices of about ``chunk_bytes`` of ``leaf`` (flat), up to ``stop`` (default all)."""
-        end = leaf.shape[0] if stop is None else stop
-        row_bytes = max(1, math.prod(leaf.shape[1:]) * leaf.element_size())
-        step = max(1, self.chunk_bytes // row_bytes)
-        for start in range(0, end, step):
-            yield slice(start, min(end, start + step))
-
-    def window(self, obs: torch.Tensor, sl: slice) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows ``sl`` of ``obs`` and their successors, read once; a row without a successor
-        gets its own observation (any fixed choice works: inflate makes the same one)."""
-        n = sl.stop - sl.start
-        block = obs[sl.start : min(self.rows.total, sl.stop + self.rows.step)]
-        chunk = block[:n]
-        successor = chunk.clone()
-        reach = block.shape[0] - self.rows.step
-        if reach > 0:
-            successor[:reach] = block[self.rows.step : self.rows.step + reach]
-        missing = ~self.rows.has_successor(sl.start, sl.stop)
-        if bool(missing.any()):
-            successor[missing] = chunk[missing]
-        return chunk, successor
+def _window(obs: Any, sl: slice, rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``sl`` of ``obs`` and their successors, read once; a row without a successor gets
+    its own observation (any fixed choice works: inflate makes the same one)."""
+    n = sl.stop - sl.start
+    block = obs[sl.start : min(rows.total, sl.stop + rows.step)]
+    chunk = block[:n]
+    successor = chunk.clone()
+    reach = block.shape[0] - rows.step
+    if reach > 0:
+        successor[:reach] = block[rows.step : rows.step + reach]
+    missing = ~rows.has_successor(sl.start, sl.stop)
+    if bool(missing.any()):
+        successor[missing] = chunk[missing]
+    return chunk, successor
 
 
 @dataclass
@@ -320,44 +267,43 @@ def _code_chunk(
     return _Chunk(stored, rebuilt, verdict, bad)
 
 
-def _array_names(index: int) -> dict[str, str]:
-    return {"index": f"k{index}.index", "rows": f"k{index}.rows"}
-
-
 # ---------------------------------------------------------------------------------------------
-# Per-key passes
+# Per-pair passes
 
 
 @dataclass
 class _Job:
-    """One pass over a dataset: its geometry, the bound and where exceptions go."""
+    """One pass over a dataset: where rows and time are, the bound and the chunk budget."""
 
-    leaves: dict[Key, torch.Tensor]
-    batch_dims: int
-    chunker: _Chunker
+    source: Source
+    time_dim: int
+    chunk_bytes: int
     bound: float | None
 
-    @property
-    def rows(self) -> Rows:
-        return self.chunker.rows
+    def rows(self, pair: Pair) -> Rows:
+        leaf = self.source.leaves[pair.obs_key]
+        return Rows.of(leaf.shape[: self.source.batch_dims], self.time_dim, self.source.valid_rows)
 
-    def flat(self, key: Key) -> torch.Tensor:
-        return _flat(self.leaves[key], self.batch_dims)
+    def flat(self, leaf: Any) -> Any:
+        return as_rows(leaf, self.source.batch_dims)
 
-    def copy(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        if not isinstance(src, torch.Tensor):
+    def copy(self, src: Any, dst: Any) -> None:
+        if not is_data(src):
             return  # a non-tensor leaf, already in the output through the template
-        src, dst = _flat(src, self.batch_dims), _flat(dst, self.batch_dims)
-        for sl in self.chunker.slices(src):
-            dst[sl].copy_(src[sl])
+        src, dst = self.flat(src), self.flat(dst)
+        align = src.per_first if isinstance(src, FlatRows) else 1
+        for sl in _slices(src, src.shape[0], self.chunk_bytes, align):
+            dst[sl] = src[sl]
 
     def _chunks(
         self, pair: Pair, successors: bool
     ) -> Iterator[tuple[slice, torch.Tensor, torch.Tensor, torch.Tensor | None]]:
-        obs, nxt = self.flat(pair.obs_key), self.flat(pair.next_key)
-        for sl in self.chunker.slices(obs, self.rows.valid):
+        rows = self.rows(pair)
+        obs = self.flat(self.source.leaves[pair.obs_key])
+        nxt = self.flat(self.source.leaves[pair.next_key])
+        for sl in _slices(obs, rows.valid, self.chunk_bytes, rows.align):
             if successors:
-                o, succ = self.chunker.window(obs, sl)
+                o, succ = _window(obs, sl, rows)
                 yield sl, o, nxt[sl], succ
             else:
                 yield sl, obs[sl], nxt[sl], None
@@ -366,8 +312,8 @@ class _Job:
         self, pair: Pair, codec: Codec, sink: Sink, names: dict[str, str], allow: bool
     ) -> ErrorStats:
         """Write ``pair``'s stored leaf and exception rows; return the figures."""
-        has_leaf = codec.stored_dtype(self.leaves[pair.obs_key].dtype) is not None
-        dst = _flat(sink.td.get(pair.delta_key), self.batch_dims) if has_leaf else None
+        has_leaf = codec.stored_dtype(self.source.leaves[pair.obs_key].dtype) is not None
+        dst = self.flat(sink.leaves[pair.delta_key]) if has_leaf else None
         stats = ErrorStats()
         for sl, o, n, succ in self._chunks(pair, codec.uses_successor):
             c = _code_chunk(codec, o, n, succ, self.bound)
@@ -377,10 +323,11 @@ class _Job:
                 sink.arrays.append(names["rows"], n[c.bad])
             stats.update(n, c.rebuilt, exceptions=int(c.bad.numel()))
             if dst is not None and c.stored is not None:
-                dst[sl].copy_(c.stored)
-        if dst is not None:
+                dst[sl] = c.stored
+        rows = self.rows(pair)
+        if dst is not None and rows.valid < rows.total:
             # Rows past a replay buffer's len are not data: store a zero delta for them.
-            dst[self.rows.valid :].zero_()
+            dst[rows.valid :] = 0
         return stats
 
     def measure(self, pair: Pair, codecs: Sequence[Codec]) -> list[ErrorStats]:
@@ -394,73 +341,66 @@ class _Job:
                 s.update(n, c.rebuilt, exceptions=int(c.bad.numel()))
         return stats
 
-    def decode(
-        self,
-        pair: Pair,
-        codec: Codec,
-        dtype: torch.dtype,
-        arrays: ArrayStore,
-        record: dict[str, Any],
-        dst: torch.Tensor,
-    ) -> None:
-        """Rebuild ``pair``'s next observations into ``dst``."""
-        obs = self.flat(pair.obs_key)
-        stored = self.flat(pair.delta_key) if codec.stored_dtype(dtype) else None
+    def decode(self, stored: _Stored, dst: Any) -> None:
+        """Rebuild a pair's next observations into ``dst``."""
+        pair, codec, dtype, record = stored.pair, stored.codec, stored.dtype, stored.record
+        rows = self.rows(pair)
+        obs = self.flat(self.source.leaves[pair.obs_key])
+        delta = self.flat(self.source.leaves[pair.delta_key]) if codec.stored_dtype(dtype) else None
         n_exc = int(record.get("exception_rows", 0))
         names = record.get("arrays") or {}
-        index = arrays.get(names.get("index", ""), torch.int64, (n_exc,))
-        rows = arrays.get(names.get("rows", ""), dtype, (n_exc, *obs.shape[1:]))
-        dst = _flat(dst, self.batch_dims)
-        for sl in self.chunker.slices(obs, self.rows.valid):
+        arrays = self.source.arrays
+        if n_exc and arrays is None:
+            raise InputError("exception rows are missing", file=self.source.path, key=pair.name)
+        index = rows_at = None
+        if n_exc:
+            assert arrays is not None
+            index = torch.as_tensor(arrays.get(names["index"], torch.int64, (n_exc,))[:])
+            rows_at = arrays.get(names["rows"], dtype, (n_exc, *obs.shape[1:]))
+        dst = self.flat(dst)
+        for sl in _slices(obs, rows.valid, self.chunk_bytes, rows.align):
             if codec.uses_successor:
-                o, succ = self.chunker.window(obs, sl)
+                o, succ = _window(obs, sl, rows)
             else:
                 o, succ = obs[sl], None
-            rebuilt = codec.decode(o, None if stored is None else stored[sl], succ, dtype)
-            lo, hi = torch.searchsorted(index, torch.tensor([sl.start, sl.stop])).tolist()
-            if hi > lo:
-                rebuilt[index[lo:hi] - sl.start] = rows[lo:hi]
-            dst[sl].copy_(rebuilt)
-        # Rows past a replay buffer's len are not data: they come back as next = obs.
-        for sl in self.chunker.slices(obs):
-            if sl.stop > self.rows.valid:
-                start = max(sl.start, self.rows.valid)
-                dst[start : sl.stop].copy_(obs[start : sl.stop])
+            rebuilt = codec.decode(o, None if delta is None else delta[sl], succ, dtype)
+            if index is not None and rows_at is not None:
+                bounds = torch.tensor([sl.start, sl.stop])
+                lo, hi = torch.searchsorted(index, bounds).tolist()
+                if hi > lo:
+                    rebuilt[index[lo:hi] - sl.start] = rows_at[lo:hi]
+            dst[sl] = rebuilt
+        if rows.valid < rows.total:
+            # Rows past a replay buffer's len are not data: they come back as next = obs.
+            for sl in _slices(obs, rows.total, self.chunk_bytes, rows.align):
+                if sl.stop > rows.valid:
+                    start = max(sl.start, rows.valid)
+                    dst[start : sl.stop] = obs[start : sl.stop]
 
 
 def _job(source: Source, time_dim: int, chunk_mb: float, bound: float | None) -> _Job:
     if chunk_mb <= 0:
         raise UsageError(f"--chunk-mb must be positive, got {chunk_mb}")
-    td = source.td
-    rows = Rows.of(td.batch_size, time_dim, source.valid_rows)
-    chunker = _Chunker(rows, max(1, int(chunk_mb * 2**20)))
-    return _Job(_leaves(td), td.batch_dims, chunker, bound)
-
-
-def _placeholder(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    # A zero-stride tensor: gives the output its shape and dtype without allocating it.
-    return torch.zeros((), dtype=dtype).expand(shape)
+    return _Job(source, time_dim, max(1, int(chunk_mb * 2**20)), bound)
 
 
 def _write(
     fmt: Format,
     source: Source,
     output: Path,
-    template: TensorDictBase,
+    plan: Plan,
     fill: Callable[[Sink], dict[str, Any] | None],
     force: bool,
 ) -> None:
-    """Create ``output`` from ``template`` atomically; ``fill`` writes it and returns the meta."""
+    """Create ``output`` as ``plan`` says, atomically; ``fill`` writes it and returns the meta."""
     try:
         with atomic_output(output, source=source.path, force=force) as tmp:
-            sink = fmt.create(tmp, template, source)
+            sink = fmt.create(tmp, source, plan)
             meta = fill(sink)
             fmt.finish(tmp, sink, meta)
     except ObsdeltaError:
         raise
     except (OSError, RuntimeError) as exc:
-        # torch and tensordict report failed writes (disk full, no permission, file too large)
-        # as RuntimeError; those name a file, an open, a resize or a position.
         text = str(exc)
         if isinstance(exc, RuntimeError) and not _IO_FAILURE.search(text):
             raise
@@ -470,6 +410,16 @@ def _write(
             file=getattr(exc, "filename", None) or output,
             hint="check free space and permissions; nothing was written",
         ) from None
+
+
+def _open(path: Path) -> tuple[Format, Source]:
+    fmt = detect(path)
+    source = fmt.open(path)
+    if source.valid_rows == 0:
+        raise DataError(
+            "holds no rows (len 0)", file=path, hint="nothing to do; check the right file was given"
+        )
+    return fmt, source
 
 
 # ---------------------------------------------------------------------------------------------
@@ -494,31 +444,87 @@ def _candidates(dtype: torch.dtype, bound: float | None) -> list[Codec]:
     return out
 
 
-def _bytes_after(codec: Codec, leaf: torch.Tensor, batch_dims: int, stats: ErrorStats) -> int:
-    """Bytes ``codec`` stores for ``leaf``: its per-row leaf plus the exception rows."""
-    stored = codec.stored_dtype(leaf.dtype)
-    row_bytes = math.prod(leaf.shape[batch_dims:]) * leaf.element_size()
-    base = 0 if stored is None else math.prod(leaf.shape) * stored.itemsize
-    return base + stats.exception_rows * (row_bytes + INDEX_BYTES)
+@dataclass
+class _Key:
+    """The pairs that share one name (one per robomimic demo; one otherwise), and their figures."""
+
+    name: str
+    pairs: list[Pair]
+    dtype: torch.dtype
+    features: tuple[int, ...]
+    total_rows: int
+    raw_bytes: int
+
+    @classmethod
+    def group(cls, source: Source, pairs: Sequence[Pair]) -> list[_Key]:
+        out: dict[str, _Key] = {}
+        for p in pairs:
+            leaf = source.leaves[p.obs_key]
+            key = out.get(p.name)
+            rows = math.prod(leaf.shape[: source.batch_dims])
+            if key is None:
+                feats = tuple(leaf.shape[source.batch_dims :])
+                out[p.name] = cls(p.name, [p], leaf.dtype, feats, rows, nbytes(leaf))
+            else:
+                key.pairs.append(p)
+                key.total_rows += rows
+                key.raw_bytes += nbytes(leaf)
+        return list(out.values())
+
+    @property
+    def row_bytes(self) -> int:
+        return math.prod(self.features) * self.dtype.itemsize
+
+    def bytes_after(self, codec: Codec, stats: ErrorStats) -> int:
+        """Bytes ``codec`` stores: its per-row leaves plus the exception rows and their index."""
+        stored = codec.stored_dtype(self.dtype)
+        base = 0 if stored is None else self.total_rows * math.prod(self.features) * stored.itemsize
+        return base + stats.exception_rows * (self.row_bytes + INDEX_BYTES)
+
+    def result(self, codec: str, stats: ErrorStats | None, after: int, **extra: Any) -> KeyResult:
+        return KeyResult(
+            key=self.name,
+            codec=codec,
+            dtype=_dtype_name(self.dtype),
+            shape=[self.total_rows, *self.features],
+            bytes_before=self.raw_bytes,
+            bytes_after=after,
+            max_abs_error=0.0 if stats is None else stats.max_abs_error,
+            rmse=0.0 if stats is None else stats.rmse,
+            max_rel_error=0.0 if stats is None else stats.max_rel_error,
+            rows=0 if stats is None else stats.rows,
+            exact_rows=0 if stats is None else stats.exact_rows,
+            exception_rows=0 if stats is None else stats.exception_rows,
+            **extra,
+        )
 
 
-def _candidate(codec: Codec, leaf: torch.Tensor, batch_dims: int, stats: ErrorStats) -> Candidate:
-    return Candidate(
-        codec=codec.id,
-        bytes_after=_bytes_after(codec, leaf, batch_dims, stats),
-        max_abs_error=stats.max_abs_error,
-        rmse=stats.rmse,
-        max_rel_error=stats.max_rel_error,
-        exact_rows=stats.exact_rows,
-        exception_rows=stats.exception_rows,
-    )
+def _measure_key(job: _Job, key: _Key, bound: float | None) -> tuple[list[Codec], list[Candidate]]:
+    codecs = _candidates(key.dtype, bound)
+    totals = [ErrorStats() for _ in codecs]
+    for p in key.pairs:
+        for total, s in zip(totals, job.measure(p, codecs), strict=True):
+            total.merge(s)
+    cands = [
+        Candidate(
+            codec=c.id,
+            bytes_after=key.bytes_after(c, s),
+            max_abs_error=s.max_abs_error,
+            rmse=s.rmse,
+            max_rel_error=s.max_rel_error,
+            exact_rows=s.exact_rows,
+            exception_rows=s.exception_rows,
+        )
+        for c, s in zip(codecs, totals, strict=True)
+    ]
+    return codecs, cands
 
 
 def _auto_pick(candidates: Sequence[Candidate], raw_bytes: int) -> str | None:
     """The smallest candidate (ties: the more accurate), or ``None`` if none beats raw."""
     if not candidates:
         return None
-    best = min(candidates, key=lambda c: (c.bytes_after, c.max_abs_error or 0.0))
+    best = min(candidates, key=lambda c: (c.bytes_after, c.max_abs_error))
     return best.codec if best.bytes_after < raw_bytes else None
 
 
@@ -537,12 +543,14 @@ def compress(
     time_dim: int = -1,
     force: bool = False,
     chunk_mb: float = DEFAULT_CHUNK_MB,
+    options: dict[str, Any] | None = None,
 ) -> DatasetResult:
-    """Write ``output``: ``input`` with each selected ``("next", k)`` stored by a codec.
+    """Write ``output``: ``input`` with each selected next observation stored by a codec.
 
     ``codec="auto"`` picks, per key, the smallest codec whose every row is within
     ``max_abs_error`` (default 0: lossless). Rows a codec cannot store within the bound are kept
     as exception rows in full precision; ``exceptions=False`` refuses the key instead.
+    ``options`` are container write options (``{"h5_compression": "zstd"}``).
     """
     input, output = Path(input), Path(output)
     _check_bound(max_abs_error)
@@ -555,75 +563,93 @@ def compress(
             hint="drop --no-exceptions",
         )
     fmt, source = _open(input)
+    options = {k: v for k, v in (options or {}).items() if v is not None}
+    unknown = set(options) - fmt.options
+    if unknown:
+        raise UsageError(
+            f"option {', '.join(sorted(unknown))} does not apply to {fmt.name}", file=input
+        )
     if source.meta is not None:
         raise InputError(
             "is already compressed by obsdelta", file=input, hint="inflate it, or use it as it is"
         )
-    td = source.td
-    time_dim = _check_time_dim(td, time_dim, input)
+    time_dim = _time_dim(source, time_dim)
 
     def supports(dtype: torch.dtype) -> bool:
         return bool(_candidates(dtype, bound)) if chosen is None else chosen.supports(dtype)
 
-    pairs = select_pairs(td, keys, input, supports)
+    pairs = select_pairs(fmt, source, keys, supports)
     job = _job(source, time_dim, chunk_mb, bound)
-    leaves = job.leaves
+    groups = _Key.group(source, pairs)
 
-    plans: list[tuple[Pair, Codec | None, list[Candidate] | None]] = []
-    for p in pairs:
+    plans: list[tuple[_Key, Codec | None, list[Candidate] | None]] = []
+    for key in groups:
         if chosen is not None:
-            plans.append((p, chosen, None))
+            plans.append((key, chosen, None))
             continue
-        obs = leaves[p.obs_key]
-        codecs = _candidates(obs.dtype, bound)
-        stats = job.measure(p, codecs)
-        cands = [_candidate(c, obs, td.batch_dims, s) for c, s in zip(codecs, stats, strict=True)]
-        pick = _auto_pick(cands, obs.numel() * obs.element_size())
-        plans.append((p, next((c for c in codecs if c.id == pick), None), cands))
+        codecs, cands = _measure_key(job, key, bound)
+        pick = _auto_pick(cands, key.raw_bytes)
+        plans.append((key, next((c for c in codecs if c.id == pick), None), cands))
 
-    encoded = [(p, c) for p, c, _ in plans if c is not None]
+    encoded = [(p, c) for key, c, _ in plans if c is not None for p in key.pairs]
     replaced = {p.next_key for p, _ in encoded}
-    template = TensorDict(batch_size=td.batch_size, device=td.device)
-    for key, leaf in leaves.items():
-        if key not in replaced:
-            template.set(key, leaf)
+    order = [k for k in source.leaves if k not in replaced]
+    new: dict[Key, LeafSpec] = {}
     for p, c in encoded:
-        obs = leaves[p.obs_key]
+        obs = source.leaves[p.obs_key]
         stored = c.stored_dtype(obs.dtype)
         if stored is not None:
-            template.set(p.delta_key, _placeholder(obs.shape, stored))
-
+            new[p.delta_key] = LeafSpec(tuple(obs.shape), stored, replaces=p.next_key)
+            order.append(p.delta_key)
+    plan = Plan(order, new, options)
     results: list[KeyResult] = []
 
     def fill(sink: Sink) -> dict[str, Any]:
-        for key, leaf in leaves.items():
-            if key not in replaced:
-                job.copy(leaf, sink.td.get(key))
-        records = []
-        for i, (p, c, cands) in enumerate(plans):
-            obs = leaves[p.obs_key]
+        if not sink.copied:
+            for k in order:
+                if k not in new:
+                    job.copy(source.leaves[k], sink.leaves[k])
+        records: list[dict[str, Any]] = []
+        for key, c, cands in plans:
             if c is None:
-                results.append(_kept_result(p, obs, cands))
+                results.append(key.result("none", None, key.raw_bytes, candidates=cands))
                 continue
-            names = _array_names(i)
-            stats = job.encode(p, c, sink, names, exceptions)
-            if not exceptions and stats.exception_rows:
-                _refuse(stats, c, input, p)
-            result = _key_result(p, c, obs, td.batch_dims, stats, bound, cands)
-            results.append(result)
-            records.append(_key_meta(result, p, c, names if stats.exception_rows else None))
+            total = ErrorStats()
+            for p in key.pairs:
+                names = {"index": f"k{len(records)}.index", "rows": f"k{len(records)}.rows"}
+                stats = job.encode(p, c, sink, names, exceptions)
+                if not exceptions and stats.exception_rows:
+                    _refuse(stats, c, input, p)
+                records.append(_record(p, c, key.dtype, stats, names, bound))
+                total.merge(stats)
+            stored = c.stored_dtype(key.dtype)
+            results.append(
+                key.result(
+                    c.id,
+                    total,
+                    key.bytes_after(c, total),
+                    stored_dtype=None if stored is None else _dtype_name(stored),
+                    delta_key=None if stored is None else key_str(key.pairs[0].delta_key),
+                    max_abs_error_bound=bound,
+                    candidates=cands,
+                )
+            )
         return {
             "obsdelta_format": FORMAT_VERSION,
             "writer": f"obsdelta {__version__}",
             "format": fmt.name,
-            "batch_size": list(td.batch_size),
+            "batch_dims": source.batch_dims,
             "time_dim": time_dim,
             "valid_rows": source.valid_rows,
-            "leaf_order": [list(k) for k in leaves],
+            "leaf_order": [list(k) for k in source.leaves],
+            "options": options,
             "keys": records,
         }
 
-    _write(fmt, source, output, template, fill, force)
+    try:
+        _write(fmt, source, output, plan, fill, force)
+    finally:
+        fmt.close(source)
     return DatasetResult(
         command="compress",
         input=str(input),
@@ -654,81 +680,38 @@ def _refuse(stats: ErrorStats, codec: Codec, file: Path, pair: Pair) -> None:
     )
 
 
-def _key_result(
+def _record(
     pair: Pair,
     codec: Codec,
-    obs: torch.Tensor,
-    batch_dims: int,
+    dtype: torch.dtype,
     stats: ErrorStats,
+    names: dict[str, str],
     bound: float | None,
-    candidates: list[Candidate] | None,
-) -> KeyResult:
-    stored = codec.stored_dtype(obs.dtype)
-    return KeyResult(
-        key=pair.name,
-        codec=codec.id,
-        dtype=_dtype_name(obs.dtype),
-        shape=list(obs.shape),
-        bytes_before=obs.numel() * obs.element_size(),
-        bytes_after=_bytes_after(codec, obs, batch_dims, stats),
-        max_abs_error=stats.max_abs_error,
-        rmse=stats.rmse,
-        max_rel_error=stats.max_rel_error,
-        rows=stats.rows,
-        exact_rows=stats.exact_rows,
-        exception_rows=stats.exception_rows,
-        stored_dtype=None if stored is None else _dtype_name(stored),
-        delta_key=None if stored is None else key_str(pair.delta_key),
-        max_abs_error_bound=bound,
-        candidates=candidates,
-    )
-
-
-def _kept_result(pair: Pair, obs: torch.Tensor, candidates: list[Candidate] | None) -> KeyResult:
-    raw = obs.numel() * obs.element_size()
-    return KeyResult(
-        key=pair.name,
-        codec="none",
-        dtype=_dtype_name(obs.dtype),
-        shape=list(obs.shape),
-        bytes_before=raw,
-        bytes_after=raw,
-        max_abs_error=0.0,
-        rmse=0.0,
-        rows=0,
-        exact_rows=0,
-        candidates=candidates,
-    )
-
-
-def _key_meta(
-    result: KeyResult, pair: Pair, codec: Codec, arrays: dict[str, str] | None
 ) -> dict[str, Any]:
+    """The metadata of one stored pair: everything inflate and report need."""
+    stored = codec.stored_dtype(dtype)
     return {
-        "key": result.key,
+        "key": pair.name,
         "obs_key": list(pair.obs_key),
         "next_key": list(pair.next_key),
-        "delta_key": None if result.delta_key is None else list(pair.delta_key),
+        "delta_key": None if stored is None else list(pair.delta_key),
         "codec": codec.get_config(),
-        "source_dtype": result.dtype,
-        "stored_dtype": result.stored_dtype,
-        "shape": result.shape,
-        "bytes_before": result.bytes_before,
-        "bytes_after": result.bytes_after,
-        "rows": result.rows,
-        "exact_rows": result.exact_rows,
-        "exception_rows": result.exception_rows,
-        "arrays": arrays,
-        "max_abs_error_bound": result.max_abs_error_bound,
-        "max_abs_error": result.max_abs_error,
-        "rmse": result.rmse,
-        "max_rel_error": result.max_rel_error,
+        "source_dtype": _dtype_name(dtype),
+        "stored_dtype": None if stored is None else _dtype_name(stored),
+        "rows": stats.rows,
+        "exact_rows": stats.exact_rows,
+        "exception_rows": stats.exception_rows,
+        "arrays": names if stats.exception_rows else None,
+        "max_abs_error_bound": bound,
+        "max_abs_error": stats.max_abs_error,
+        "rmse": stats.rmse,
+        "max_rel_error": stats.max_rel_error,
     }
 
 
 @dataclass
 class _Stored:
-    """One key as the metadata describes it, checked against the data."""
+    """One stored pair as the metadata describes it, checked against the data."""
 
     pair: Pair
     codec: Codec
@@ -736,12 +719,17 @@ class _Stored:
     record: dict[str, Any]
 
 
-def _stored_keys(source: Source, meta: dict[str, Any]) -> list[_Stored]:
-    leaves = _leaves(source.td)
+def _stored_pairs(source: Source, meta: dict[str, Any]) -> list[_Stored]:
     out = []
     for record in meta.get("keys", []):
         try:
-            pair = Pair(tuple(record["obs_key"]))
+            delta = record["delta_key"]
+            pair = Pair(
+                tuple(record["obs_key"]),
+                tuple(record["next_key"]),
+                tuple(delta) if delta else (),
+                record["key"],
+            )
             dtype = _dtype(record["source_dtype"], source.path)
             codec = codec_from_config(record["codec"])
         except (KeyError, TypeError):
@@ -750,15 +738,69 @@ def _stored_keys(source: Source, meta: dict[str, Any]) -> list[_Stored]:
             ) from None
         needed = [pair.obs_key] + ([pair.delta_key] if codec.stored_dtype(dtype) else [])
         for key in needed:
-            if key not in leaves:
+            if key not in source.leaves:
                 raise InputError(
                     f"leaf {key_str(key)} named in the metadata is missing",
                     file=source.path,
-                    key=record.get("key"),
+                    key=pair.name,
                     hint="the file is damaged or was edited",
                 )
         out.append(_Stored(pair, codec, dtype, record))
     return out
+
+
+def _recorded_results(
+    source: Source, stored: Sequence[_Stored], *, restored: bool
+) -> list[KeyResult]:
+    """Per key name, what the metadata recorded at compress time."""
+    out: dict[str, KeyResult] = {}
+    for s in stored:
+        r = s.record
+        obs = source.leaves[s.pair.obs_key]
+        rows = math.prod(obs.shape[: source.batch_dims])
+        features = list(obs.shape[source.batch_dims :])
+        raw = rows * math.prod(features) * s.dtype.itemsize
+        stored_dtype = r.get("stored_dtype")
+        small = INDEX_BYTES * int(r.get("exception_rows", 0)) + int(r.get("exception_rows", 0)) * (
+            math.prod(features) * s.dtype.itemsize
+        )
+        if stored_dtype:
+            small += rows * math.prod(features) * _dtype(stored_dtype, source.path).itemsize
+        k = out.get(s.pair.name)
+        if k is None:
+            out[s.pair.name] = KeyResult(
+                key=s.pair.name,
+                codec=s.codec.id,
+                dtype=_dtype_name(s.dtype),
+                shape=[rows, *features],
+                bytes_before=small if restored else raw,
+                bytes_after=raw if restored else small,
+                max_abs_error=float(r.get("max_abs_error", 0.0)),
+                rmse=float(r.get("rmse", 0.0)),
+                max_rel_error=float(r.get("max_rel_error", 0.0)),
+                rows=int(r.get("rows", 0)),
+                exact_rows=int(r.get("exact_rows", 0)),
+                exception_rows=int(r.get("exception_rows", 0)),
+                stored_dtype=stored_dtype,
+                delta_key=key_str(s.pair.delta_key) if stored_dtype else None,
+                max_abs_error_bound=r.get("max_abs_error_bound"),
+            )
+            continue
+        # Another part of the same key: fold its figures in.
+        n0, n1 = k.rows, int(r.get("rows", 0))
+        k.shape[0] += rows
+        k.bytes_before += small if restored else raw
+        k.bytes_after += raw if restored else small
+        k.max_abs_error = max(k.max_abs_error or 0.0, float(r.get("max_abs_error", 0.0)))
+        k.max_rel_error = max(k.max_rel_error or 0.0, float(r.get("max_rel_error", 0.0)))
+        mean_sq = ((k.rmse or 0.0) ** 2 * n0 + float(r.get("rmse", 0.0)) ** 2 * n1) / max(
+            1, n0 + n1
+        )
+        k.rmse = math.sqrt(mean_sq)
+        k.rows += n1
+        k.exact_rows += int(r.get("exact_rows", 0))
+        k.exception_rows += int(r.get("exception_rows", 0))
+    return list(out.values())
 
 
 def inflate(
@@ -771,41 +813,40 @@ def inflate(
     """Write ``output``: ``input`` with every next observation rebuilt in its dtype and order."""
     input, output = Path(input), Path(output)
     fmt, source = _open(input)
-    meta = read_meta(source)
-    stored = _stored_keys(source, meta)
-    td = source.td
-    job = _job(source, int(meta.get("time_dim", td.batch_dims - 1)), chunk_mb, None)
-    leaves = job.leaves
-    rebuilt = {s.pair.next_key: s for s in stored}
-    dropped = {s.pair.delta_key for s in stored}
+    try:
+        meta = read_meta(source)
+        stored = _stored_pairs(source, meta)
+        time_dim = int(meta.get("time_dim", source.batch_dims - 1))
+        job = _job(source, time_dim, chunk_mb, None)
+        rebuilt = {s.pair.next_key: s for s in stored}
+        dropped = {s.pair.delta_key for s in stored}
 
-    order = [tuple(k) for k in meta.get("leaf_order", [])]
-    order += [k for k in leaves if k not in order and k not in dropped]
-    template = TensorDict(batch_size=td.batch_size, device=td.device)
-    for key in order:
-        if key in rebuilt:
-            s = rebuilt[key]
-            template.set(key, _placeholder(leaves[s.pair.obs_key].shape, s.dtype))
-        elif key in leaves:
-            template.set(key, leaves[key])
-        else:
-            raise InputError(
-                f"leaf {key_str(key)} named in the metadata is missing",
-                file=input,
-                hint="the file is damaged or was edited",
-            )
-    arrays = source.arrays if source.arrays is not None else ArrayStore(input)
-
-    def fill(sink: Sink) -> None:
+        order = [tuple(k) for k in meta.get("leaf_order", [])]
+        order += [k for k in source.leaves if k not in order and k not in dropped]
+        new: dict[Key, LeafSpec] = {}
         for key in order:
             if key in rebuilt:
                 s = rebuilt[key]
-                job.decode(s.pair, s.codec, s.dtype, arrays, s.record, sink.td.get(key))
-            else:
-                job.copy(leaves[key], sink.td.get(key))
-        return None
+                new[key] = LeafSpec(tuple(source.leaves[s.pair.obs_key].shape), s.dtype)
+            elif key not in source.leaves:
+                raise InputError(
+                    f"leaf {key_str(key)} named in the metadata is missing",
+                    file=input,
+                    hint="the file is damaged or was edited",
+                )
+        plan = Plan(order, new, dict(meta.get("options") or {}))
 
-    _write(fmt, source, output, template, fill, force)
+        def fill(sink: Sink) -> None:
+            for key in order:
+                if key in rebuilt:
+                    job.decode(rebuilt[key], sink.leaves[key])
+                elif not sink.copied:
+                    job.copy(source.leaves[key], sink.leaves[key])
+
+        _write(fmt, source, output, plan, fill, force)
+        keys = _recorded_results(source, stored, restored=True)
+    finally:
+        fmt.close(source)
     return DatasetResult(
         command="inflate",
         input=str(input),
@@ -814,31 +855,7 @@ def inflate(
         compressed=False,
         bytes_before=disk_size(input),
         bytes_after=disk_size(output),
-        keys=[_recorded_result(s, leaves, restored=True) for s in stored],
-    )
-
-
-def _recorded_result(s: _Stored, leaves: dict[Key, torch.Tensor], *, restored: bool) -> KeyResult:
-    r = s.record
-    obs = leaves[s.pair.obs_key]
-    raw = obs.numel() * s.dtype.itemsize
-    small = int(r.get("bytes_after", 0))
-    return KeyResult(
-        key=s.pair.name,
-        codec=s.codec.id,
-        dtype=_dtype_name(s.dtype),
-        shape=list(obs.shape),
-        bytes_before=small if restored else raw,
-        bytes_after=raw if restored else small,
-        max_abs_error=r.get("max_abs_error"),
-        rmse=r.get("rmse"),
-        max_rel_error=r.get("max_rel_error"),
-        rows=int(r.get("rows", 0)),
-        exact_rows=int(r.get("exact_rows", 0)),
-        exception_rows=int(r.get("exception_rows", 0)),
-        stored_dtype=r.get("stored_dtype"),
-        delta_key=None if r.get("delta_key") is None else key_str(s.pair.delta_key),
-        max_abs_error_bound=r.get("max_abs_error_bound"),
+        keys=keys,
     )
 
 
@@ -863,46 +880,42 @@ def report(
         make_codec(codec, max_abs_error)  # refuse what compress would refuse
     fmt, source = _open(input)
     size = disk_size(input)
-    if source.meta is not None:
-        meta = read_meta(source)
-        leaves = _leaves(source.td)
-        results = [_recorded_result(s, leaves, restored=False) for s in _stored_keys(source, meta)]
-        return DatasetResult("report", str(input), None, fmt.name, True, size, size, results)
-
-    td = source.td
-    time_dim = _check_time_dim(td, time_dim, input)
-    bound = (max_abs_error or 0.0) if codec == AUTO else max_abs_error
-    pairs = select_pairs(td, keys, input, lambda dt: bool(_candidates(dt, bound)))
-    job = _job(source, time_dim, chunk_mb, bound)
-    results = []
-    saved = 0
-    for p in pairs:
-        obs = job.leaves[p.obs_key]
-        codecs = _candidates(obs.dtype, bound)
-        stats = job.measure(p, codecs)
-        cands = [_candidate(c, obs, td.batch_dims, s) for c, s in zip(codecs, stats, strict=True)]
-        raw = obs.numel() * obs.element_size()
-        auto_pick = _auto_pick(cands, raw) or "none"
-        want = auto_pick if codec == AUTO else codec
-        pick = next((c for c in cands if c.codec == want), None)
-        rows = stats[0].rows if stats else 0
-        result = KeyResult(
-            key=p.name,
-            codec=want,
-            dtype=_dtype_name(obs.dtype),
-            shape=list(obs.shape),
-            bytes_before=raw,
-            bytes_after=raw if pick is None else pick.bytes_after,
-            max_abs_error=0.0 if pick is None else pick.max_abs_error,
-            rmse=0.0 if pick is None else pick.rmse,
-            max_rel_error=0.0 if pick is None else pick.max_rel_error,
-            rows=rows,
-            exact_rows=rows if pick is None else pick.exact_rows,
-            exception_rows=0 if pick is None else pick.exception_rows,
-            max_abs_error_bound=bound,
-            candidates=cands,
-            auto_pick=auto_pick,
-        )
-        saved += result.bytes_before - result.bytes_after
-        results.append(result)
+    try:
+        if source.meta is not None:
+            stored = _stored_pairs(source, read_meta(source))
+            results = _recorded_results(source, stored, restored=False)
+            return DatasetResult("report", str(input), None, fmt.name, True, size, size, results)
+        time_dim = _time_dim(source, time_dim)
+        bound = (max_abs_error or 0.0) if codec == AUTO else max_abs_error
+        pairs = select_pairs(fmt, source, keys, lambda dt: bool(_candidates(dt, bound)))
+        job = _job(source, time_dim, chunk_mb, bound)
+        results = []
+        for key in _Key.group(source, pairs):
+            _codecs, cands = _measure_key(job, key, bound)
+            auto_pick = _auto_pick(cands, key.raw_bytes) or "none"
+            want = auto_pick if codec == AUTO else codec
+            pick = next((c for c in cands if c.codec == want), None)
+            rows = key.total_rows
+            results.append(
+                KeyResult(
+                    key=key.name,
+                    codec=want,
+                    dtype=_dtype_name(key.dtype),
+                    shape=[rows, *key.features],
+                    bytes_before=key.raw_bytes,
+                    bytes_after=key.raw_bytes if pick is None else pick.bytes_after,
+                    max_abs_error=0.0 if pick is None else pick.max_abs_error,
+                    rmse=0.0 if pick is None else pick.rmse,
+                    max_rel_error=0.0 if pick is None else pick.max_rel_error,
+                    rows=rows,
+                    exact_rows=rows if pick is None else pick.exact_rows,
+                    exception_rows=0 if pick is None else pick.exception_rows,
+                    max_abs_error_bound=bound,
+                    candidates=cands,
+                    auto_pick=auto_pick,
+                )
+            )
+    finally:
+        fmt.close(source)
+    saved = sum(k.bytes_before - k.bytes_after for k in results)
     return DatasetResult("report", str(input), None, fmt.name, False, size, size - saved, results)

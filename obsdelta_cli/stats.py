@@ -107,6 +107,22 @@ class ErrorStats:
     def rmse(self) -> float:
         return math.sqrt(self._sum_sq / self._count) if self._count else 0.0
 
+    def merge(self, other: ErrorStats) -> None:
+        """Fold in the figures of another part of the same key (another demo, say)."""
+        for name in (
+            "rows",
+            "exact_rows",
+            "exception_rows",
+            "nonfinite_rows",
+            "overflow_rows",
+            "over_bound_rows",
+            "_sum_sq",
+            "_count",
+        ):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.max_abs_error = max(self.max_abs_error, other.max_abs_error)
+        self.max_rel_error = max(self.max_rel_error, other.max_rel_error)
+
     def count(self, verdict: Verdict) -> None:
         """Add the failure counts of a chunk's verdict."""
         self.nonfinite_rows += verdict.nonfinite

@@ -41,7 +41,7 @@ def test_open_is_lazy_and_never_writes_through(tmp_path: Path, hopper: TensorDic
     path = WRITERS["ted-memmap"](hopper, tmp_path / "data")
     before = (path / "observation.memmap").read_bytes()
     source = detect(path).open(path)
-    source.td["observation"].zero_()  # a bug writing to the source must not reach the file
+    source.leaves[("observation",)].zero_()  # a bug writing to the source must not reach the file
     assert (path / "observation.memmap").read_bytes() == before
 
 

@@ -9,7 +9,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import InputError
-from .base import ArrayStore, Format, Sink, Source, disk_size
+from .base import (
+    ArrayStore,
+    Format,
+    Key,
+    LeafSpec,
+    Pair,
+    Plan,
+    Sink,
+    Source,
+    disk_size,
+    key_str,
+)
 from .ted_memmap import TedMemmap
 from .ted_pt import TedPt
 from .torchrl_rb import TorchRLReplayBuffer
@@ -38,4 +49,17 @@ def detect(path: Path) -> Format:
     )
 
 
-__all__ = ["FORMATS", "ArrayStore", "Format", "Sink", "Source", "detect", "disk_size"]
+__all__ = [
+    "FORMATS",
+    "ArrayStore",
+    "Format",
+    "Key",
+    "LeafSpec",
+    "Pair",
+    "Plan",
+    "Sink",
+    "Source",
+    "detect",
+    "disk_size",
+    "key_str",
+]

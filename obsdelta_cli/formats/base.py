@@ -1,9 +1,9 @@
 """The container interface: adapters that only do I/O.
 
 A format adapter knows how one kind of container is laid out on disk: how to recognise it, how to
-open it as a lazily readable TensorDict, how to create an empty output of a given structure, and
-where the obsdelta metadata lives. Everything about deltas, codecs and errors lives in
-:mod:`obsdelta_cli.pipeline`, above the adapters.
+open its leaves for lazy reading, which observation pairs its layout defines, how to create an
+output of a given structure, and where the obsdelta metadata and arrays live. Everything about
+deltas, codecs and errors lives in :mod:`obsdelta_cli.pipeline`, above the adapters.
 """
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ import json
 import math
 import os
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from tensordict import TensorDictBase
 
 from ..errors import InputError
 
@@ -89,26 +88,89 @@ class MemoryArrays(ArrayStore):
         return array
 
 
+Key = tuple[str, ...]
+
+
+def key_str(key: Key) -> str:
+    """Slash-joined form of a nested key, as used on the command line, in JSON and in HDF5."""
+    return "/".join(key)
+
+
+@dataclass(frozen=True)
+class Pair:
+    """An observation leaf, its next-observation twin, and where the stored form goes.
+
+    ``name`` is how reports call the pair (several pairs may share one, e.g. one per robomimic
+    demo); ``--key`` accepts any of ``aliases``.
+    """
+
+    obs_key: Key
+    next_key: Key
+    delta_key: Key
+    name: str
+    aliases: tuple[str, ...] = ()
+
+    @classmethod
+    def ted(cls, obs_key: Key) -> Pair:
+        """TED: root leaf ``k`` pairs with ``("next", *k)``, stored at ``("next", "delta", *k)``."""
+        next_key = ("next", *obs_key)
+        return cls(
+            obs_key, next_key, ("next", "delta", *obs_key), key_str(next_key), (key_str(obs_key),)
+        )
+
+
+@dataclass(frozen=True)
+class LeafSpec:
+    """A leaf the output gets that the input does not have (a delta, or a rebuilt next obs)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    #: On compress: the source leaf this one replaces (containers that keep storage options,
+    #: such as HDF5 filters and chunks, take them from it).
+    replaces: Key | None = None
+
+
+@dataclass
+class Plan:
+    """What the output holds: ``order`` lists its leaves; those in ``new`` are created, every
+    other one is copied from the source unchanged."""
+
+    order: list[Key]
+    new: dict[Key, LeafSpec]
+    #: Container-specific write options (e.g. ``{"h5_compression": "zstd"}``).
+    options: dict[str, Any] = field(default_factory=dict)
+
+
 @dataclass
 class Sink:
-    """An output being written: the TensorDict of per-row leaves and the array store."""
+    """An output being written: its writable leaves and its array store."""
 
-    td: TensorDictBase
+    leaves: dict[Key, Any]
     arrays: ArrayStore
+    #: The adapter has already copied every leaf that is not new (e.g. with h5py's copy).
+    copied: bool = False
+    #: The adapter's own state (the output TensorDict, an open file), for ``finish``.
+    handle: Any = None
 
 
 @dataclass
 class Source:
-    """An opened input: its data, its obsdelta metadata (``None`` if plain) and valid rows."""
+    """An opened input: its leaves (in storage order), metadata (``None`` if plain), geometry."""
 
     path: Path
-    td: TensorDictBase
+    #: Tensors or :class:`~obsdelta_cli.formats.leaf.LazyLeaf`; other objects (tensordict's
+    #: non-tensor data) are carried along unchanged.
+    leaves: dict[Key, Any]
+    #: Leading dimensions of a leaf that index transitions.
+    batch_dims: int
     meta: dict[str, Any] | None
     #: Rows along the first batch dimension that hold data (a replay buffer's ``len``);
     #: ``None`` means all of them.
     valid_rows: int | None = None
     #: Where the arrays of a compressed source live.
     arrays: ArrayStore | None = None
+    #: The adapter's own state (an open file, a TensorDict), for ``create``.
+    handle: Any = None
 
 
 class Format(ABC):
@@ -117,6 +179,8 @@ class Format(ABC):
     name: ClassVar[str]
     #: One line for the README table and error messages.
     summary: ClassVar[str] = ""
+    #: Write options it understands (``Plan.options`` keys).
+    options: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
     @abstractmethod
@@ -127,16 +191,33 @@ class Format(ABC):
     def open(self, path: Path) -> Source:
         """Open ``path`` for reading without loading it whole."""
 
-    @abstractmethod
-    def create(self, path: Path, template: TensorDictBase, source: Source) -> Sink:
-        """Create an empty, writable output at ``path`` with ``template``'s keys, shapes and dtypes.
-
-        ``source`` is the opened input, for containers that carry more than the TensorDict.
-        """
+    def pairs(self, source: Source) -> list[Pair]:
+        """The observation pairs this layout defines (the twin may be missing or mismatched;
+        the pipeline says why a pair cannot be used). Default: the TED rule."""
+        return ted_pairs(source)
 
     @abstractmethod
-    def finish(self, path: Path, out: Sink, meta: dict[str, Any] | None) -> None:
-        """Write ``meta`` (``None`` for a plain, inflated dataset) and flush ``out`` to ``path``."""
+    def create(self, path: Path, source: Source, plan: Plan) -> Sink:
+        """Create the output at ``path`` as ``plan`` says; new leaves are left to be filled."""
+
+    @abstractmethod
+    def finish(self, path: Path, sink: Sink, meta: dict[str, Any] | None) -> None:
+        """Write ``meta`` (``None`` for a plain, inflated dataset) and flush ``sink``."""
+
+    def close(self, source: Source) -> None:  # noqa: B027 - most containers hold nothing open
+        """Release what :meth:`open` holds."""
+
+
+def ted_pairs(source: Source) -> list[Pair]:
+    """TED: every root leaf ``k`` pairs with ``("next", *k)``."""
+    if any(k[:2] == ("next", "delta") for k in source.leaves):
+        raise InputError(
+            "already holds next/delta leaves but no obsdelta metadata",
+            file=source.path,
+            hint="it was written by another tool (e.g. TorchRL's NextObservationDelta); "
+            "inflate it there first",
+        )
+    return [Pair.ted(k) for k in source.leaves if k[0] != "next"]
 
 
 def disk_size(path: Path) -> int:

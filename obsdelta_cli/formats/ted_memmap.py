@@ -17,7 +17,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from ..errors import InputError
-from .base import ARRAYS_DIR, ArrayStore, Format, Sink, Source, read_sidecar, write_sidecar
+from .base import ARRAYS_DIR, ArrayStore, Sink, Source, read_sidecar, write_sidecar
+from .ted import TensorDictFormat
 
 
 def load_memmap_dir(path: Path) -> TensorDictBase:
@@ -59,11 +60,9 @@ def _check_leaf_files(directory: Path, prefix: str = "") -> None:
             continue
         dtype = getattr(torch, str(entry.get("dtype", "")).removeprefix("torch."), None)
         shape = entry.get("shape")
-        if (
-            not isinstance(dtype, torch.dtype)
-            or not isinstance(shape, list)
-            or entry.get("is_nested")
-        ):
+        if not isinstance(dtype, torch.dtype) or not isinstance(shape, list):
+            continue
+        if entry.get("is_nested"):
             continue
         file = directory / f"{name}.memmap"
         expected = math.prod(shape) * dtype.itemsize
@@ -76,6 +75,15 @@ def _check_leaf_files(directory: Path, prefix: str = "") -> None:
                 key=key,
                 hint="the folder is truncated or incomplete; restore it from the original",
             )
+
+
+def _read_only(t: torch.Tensor) -> torch.Tensor:
+    """Map a leaf's file privately: a write through it can never reach the input file."""
+    filename = getattr(t, "filename", None)
+    if filename is None:
+        return t
+    private = torch.from_file(str(filename), shared=False, size=t.numel(), dtype=t.dtype)
+    return private.view(t.shape)
 
 
 def _in_file_order(td: TensorDictBase, directory: Path) -> TensorDictBase:
@@ -100,15 +108,6 @@ def _in_file_order(td: TensorDictBase, directory: Path) -> TensorDictBase:
     return out
 
 
-def _read_only(t: torch.Tensor) -> torch.Tensor:
-    """Map a leaf's file privately: a write through it can never reach the input file."""
-    filename = getattr(t, "filename", None)
-    if filename is None:
-        return t
-    private = torch.from_file(str(filename), shared=False, size=t.numel(), dtype=t.dtype)
-    return private.view(t.shape)
-
-
 def is_memmap_dir(path: Path) -> bool:
     """Whether ``path`` is a folder with a tensordict ``meta.json`` at its root."""
     meta = path / "meta.json"
@@ -121,7 +120,7 @@ def is_memmap_dir(path: Path) -> bool:
     return isinstance(content, dict) and "shape" in content
 
 
-class TedMemmap(Format):
+class TedMemmap(TensorDictFormat):
     name = "ted-memmap"
     summary = "TensorDict.memmap() directory (meta.json + *.memmap leaves)"
 
@@ -130,15 +129,13 @@ class TedMemmap(Format):
         return is_memmap_dir(path)
 
     def open(self, path: Path) -> Source:
-        return Source(
-            path=path,
-            td=load_memmap_dir(path),
-            meta=read_sidecar(path),
-            arrays=ArrayStore(path / ARRAYS_DIR),
-        )
+        meta = read_sidecar(path)
+        return self.source(path, load_memmap_dir(path), meta, arrays=ArrayStore(path / ARRAYS_DIR))
 
-    def create(self, path: Path, template: TensorDictBase, source: Source) -> Sink:
-        return Sink(template.memmap_like(path), ArrayStore(path / ARRAYS_DIR))
+    def materialise(
+        self, path: Path, template: TensorDictBase, source: Source
+    ) -> tuple[TensorDictBase, ArrayStore]:
+        return template.memmap_like(path), ArrayStore(path / ARRAYS_DIR)
 
-    def finish(self, path: Path, out: Sink, meta: dict[str, Any] | None) -> None:
+    def finish(self, path: Path, sink: Sink, meta: dict[str, Any] | None) -> None:
         write_sidecar(path, meta)

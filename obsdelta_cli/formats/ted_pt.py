@@ -18,14 +18,15 @@ import torch
 from tensordict import TensorDictBase
 
 from ..errors import InputError
-from .base import Format, MemoryArrays, Sink, Source
+from .base import ArrayStore, MemoryArrays, Sink, Source
+from .ted import TensorDictFormat
 
 META_KEY = "_obsdelta"
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default format
 _PICKLE_MAGIC = b"\x80"  # protocol 2+ pickles, torch's legacy format
 
 
-class TedPt(Format):
+class TedPt(TensorDictFormat):
     name = "ted-pt"
     summary = "TensorDict saved with torch.save (.pt)"
 
@@ -52,8 +53,14 @@ class TedPt(Format):
                 file=path,
                 hint="save a TED TensorDict with torch.save(td, path)",
             )
+        if obj.batch_dims == 0:
+            raise InputError(
+                "holds a TensorDict without batch dimensions",
+                file=path,
+                hint="save the rollout with batch size [T] or [B, T]",
+            )
         if META_KEY not in obj.keys():
-            return Source(path=path, td=obj, meta=None)
+            return self.source(path, obj, None)
         entry = obj.get_non_tensor(META_KEY)
         try:
             meta = json.loads(entry["meta"])
@@ -62,14 +69,17 @@ class TedPt(Format):
             raise InputError(
                 f"the {META_KEY} entry is not obsdelta metadata", file=path, hint="damaged file"
             ) from None
-        return Source(path=path, td=obj.exclude(META_KEY), meta=meta, arrays=MemoryArrays(arrays))
+        return self.source(path, obj.exclude(META_KEY), meta, arrays=MemoryArrays(arrays))
 
-    def create(self, path: Path, template: TensorDictBase, source: Source) -> Sink:
-        return Sink(template.apply(lambda t: torch.empty(t.shape, dtype=t.dtype)), MemoryArrays())
+    def materialise(
+        self, path: Path, template: TensorDictBase, source: Source
+    ) -> tuple[TensorDictBase, ArrayStore]:
+        return template.apply(lambda t: torch.empty(t.shape, dtype=t.dtype)), MemoryArrays()
 
-    def finish(self, path: Path, out: Sink, meta: dict[str, Any] | None) -> None:
-        td = out.td
+    def finish(self, path: Path, sink: Sink, meta: dict[str, Any] | None) -> None:
+        td = sink.handle
         if meta is not None:
-            assert isinstance(out.arrays, MemoryArrays)
-            td.set_non_tensor(META_KEY, {"meta": json.dumps(meta), "arrays": out.arrays.collect()})
+            assert isinstance(sink.arrays, MemoryArrays)
+            entry = {"meta": json.dumps(meta), "arrays": sink.arrays.collect()}
+            td.set_non_tensor(META_KEY, entry)
         torch.save(td, path)

@@ -18,23 +18,15 @@ from typing import Any
 from tensordict import TensorDictBase
 
 from ..errors import InputError
-from .base import (
-    ARRAYS_DIR,
-    SIDECAR,
-    ArrayStore,
-    Format,
-    Sink,
-    Source,
-    read_sidecar,
-    write_sidecar,
-)
+from .base import ARRAYS_DIR, SIDECAR, ArrayStore, Sink, Source, read_sidecar, write_sidecar
+from .ted import TensorDictFormat
 from .ted_memmap import is_memmap_dir, load_memmap_dir
 
 STORAGE = "storage"
 STORAGE_META = "storage_metadata.json"
 
 
-class TorchRLReplayBuffer(Format):
+class TorchRLReplayBuffer(TensorDictFormat):
     name = "torchrl-rb"
     summary = "TorchRL ReplayBuffer.dumps() directory (storage/ memmap + storage_metadata.json)"
 
@@ -59,20 +51,18 @@ class TorchRLReplayBuffer(Format):
                 file=meta_file,
                 hint="the dump is damaged",
             )
-        return Source(
-            path=path,
-            td=td,
-            meta=read_sidecar(path),
-            valid_rows=length,
-            arrays=ArrayStore(path / ARRAYS_DIR),
-        )
+        meta = read_sidecar(path)
+        arrays = ArrayStore(path / ARRAYS_DIR)
+        return self.source(path, td, meta, valid_rows=length, arrays=arrays)
 
-    def create(self, path: Path, template: TensorDictBase, source: Source) -> Sink:
+    def materialise(
+        self, path: Path, template: TensorDictBase, source: Source
+    ) -> tuple[TensorDictBase, ArrayStore]:
         ignore = shutil.ignore_patterns(STORAGE, SIDECAR, ARRAYS_DIR)
         shutil.copytree(source.path, path, ignore=ignore)
         out = template.memmap_like(path / STORAGE)
         shutil.copy2(source.path / STORAGE / STORAGE_META, path / STORAGE / STORAGE_META)
-        return Sink(out, ArrayStore(path / ARRAYS_DIR))
+        return out, ArrayStore(path / ARRAYS_DIR)
 
-    def finish(self, path: Path, out: Sink, meta: dict[str, Any] | None) -> None:
+    def finish(self, path: Path, sink: Sink, meta: dict[str, Any] | None) -> None:
         write_sidecar(path, meta)

@@ -1,0 +1,68 @@
+"""What the TensorDict-based containers share: leaves in storage order and output templates."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from .base import ArrayStore, Format, Key, Plan, Sink, Source
+
+
+def leaves_of(td: TensorDictBase, prefix: Key = ()) -> dict[Key, Any]:
+    """Leaves in storage order (a sub-TensorDict's leaves stand at its position).
+
+    Non-tensor leaves (tensordict's ``NonTensorData``) are included as they are; the pipeline
+    carries them along and never streams them.
+    """
+    # items(include_nested=True) lists a level's own leaves before its sub-TensorDicts, which
+    # would reorder keys on the way back; walk level by level instead.
+    out: dict[Key, Any] = {}
+    for name, value in td.items():
+        key = (*prefix, name)
+        if isinstance(value, TensorDictBase):
+            out.update(leaves_of(value, key))
+        else:
+            out[key] = value
+    return out
+
+
+def _placeholder(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    # A zero-stride tensor: gives the output its shape and dtype without allocating it.
+    return torch.zeros((), dtype=dtype).expand(shape)
+
+
+class TensorDictFormat(Format):
+    """A container holding one TensorDict: the output is built from a template TensorDict."""
+
+    def source(
+        self, path: Path, td: TensorDictBase, meta: dict[str, Any] | None, **extra: Any
+    ) -> Source:
+        """A :class:`Source` over ``td``, keeping ``td`` for :meth:`create`."""
+        return Source(
+            path=path,
+            leaves=leaves_of(td),
+            batch_dims=td.batch_dims,
+            meta=meta,
+            handle=td,
+            **extra,
+        )
+
+    def create(self, path: Path, source: Source, plan: Plan) -> Sink:
+        td: TensorDictBase = source.handle
+        template = TensorDict(batch_size=td.batch_size, device=td.device)
+        for key in plan.order:
+            spec = plan.new.get(key)
+            leaf = source.leaves[key] if spec is None else _placeholder(spec.shape, spec.dtype)
+            template.set(key, leaf)
+        out, arrays = self.materialise(path, template, source)
+        return Sink(leaves_of(out), arrays, handle=out)
+
+    @abstractmethod
+    def materialise(
+        self, path: Path, template: TensorDictBase, source: Source
+    ) -> tuple[TensorDictBase, ArrayStore]:
+        """Allocate an empty, writable TensorDict shaped like ``template`` (for ``path``)."""
