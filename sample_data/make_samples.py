@@ -1,12 +1,20 @@
 """Regenerate the sample trajectory datasets in this folder from real simulator rollouts.
 
-Every dataset uses the TorchRL "TED" layout: step t at the root (``observation``, ``action``,
+Most datasets use the TorchRL "TED" layout: step t at the root (``observation``, ``action``,
 ``done``/``terminated``/``truncated``), step t+1 under ``"next"`` (observation, ``reward`` and
 the done flags), plus ``("collector", "traj_ids")``. Environments auto-reset when an episode
 ends, as TorchRL collectors do, so inside an episode ``("next", obs)[t]`` is bit-identical to
 ``obs[t + 1]``; this is asserted for every file before it is written.
 
-Needs gymnasium[mujoco], ale-py and torchrl (all provided by ``pip install -e .[dev]``).
+Two HDF5 files follow other public layouts, built from the same kind of rollout:
+``hopper_d4rl.hdf5`` (D4RL Gym-MuJoCo v2: flat ``observations``/``next_observations`` rows with
+``terminals``/``timeouts``) and ``hopper_robomimic.hdf5`` (robomimic: one ``data/demo_<i>`` group
+per episode with ``obs/`` and ``next_obs/``, including rendered RGB frames). Their in-episode
+identities are asserted too, and every HDF5 file is re-opened and compared after writing.
+
+Needs gymnasium[mujoco], ale-py, torchrl and h5py (all provided by ``pip install -e .[dev]``).
+The robomimic file renders MuJoCo frames off-screen; ``MUJOCO_GL`` defaults to ``egl`` here
+(set ``MUJOCO_GL=osmesa`` where EGL is not available).
 
 Run from the repository root::
 
@@ -17,18 +25,23 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
 import sys
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import ale_py
 import gymnasium as gym
+import h5py
 import mujoco
 import numpy as np
 import torch
+from gymnasium.envs.mujoco import MujocoEnv
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import LazyMemmapStorage, TensorDictReplayBuffer
 
@@ -38,6 +51,10 @@ gym.register_envs(ale_py)
 Policy = Callable[[np.ndarray, int, np.random.Generator], Any]
 # converts a raw gymnasium observation into the array that is stored
 ObsFn = Callable[[Any], np.ndarray]
+# reads extra per-state arrays (simulator state, rendered frame) from the env
+Probe = Callable[[gym.Env], dict[str, np.ndarray]]
+# recorded steps of a rollout, one list entry per transition
+Record = dict[str, list[Any]]
 
 HOPPER_STEPS = 3000
 HOPPER_MAX_EPISODE_STEPS = 150
@@ -49,6 +66,33 @@ RB_ROWS = 1500
 PONG_STEPS = 200
 PONG_MAX_EPISODE_STEPS = 80
 PONG_STRIDE = 4
+
+D4RL_STEPS = 5000
+D4RL_MAX_EPISODE_STEPS = 200
+D4RL_SEED = 2
+D4RL_METADATA: dict[str, Any] = {
+    "algorithm": np.bytes_(b"sample-pd-controller"),
+    "env_name": np.bytes_(b"Hopper-v5"),
+    "max_episode_steps": np.int32(D4RL_MAX_EPISODE_STEPS),
+    "seed": np.int32(D4RL_SEED),
+}
+D4RL_FILE = "hopper_d4rl.hdf5"
+GZIP_LEVEL = 4  # h5py's default level, which D4RL and robomimic files were written with
+
+ROBOMIMIC_FILE = "hopper_robomimic.hdf5"
+ROBOMIMIC_DEMOS = 6
+ROBOMIMIC_VALID_DEMOS = 1  # the last demos form mask/valid, the others mask/train
+ROBOMIMIC_STEPS = 500  # enough for ROBOMIMIC_DEMOS complete episodes
+ROBOMIMIC_SEED = 20
+ROBOMIMIC_IMAGE_KEY = "camera_image"
+# passed to gymnasium.make and recorded in data.attrs["env_args"]
+ROBOMIMIC_ENV_KWARGS: dict[str, Any] = {
+    "max_episode_steps": 120,
+    "render_mode": "rgb_array",
+    "width": 32,
+    "height": 32,
+}
+ROBOMIMIC_GYM_TYPE = 2  # robomimic EnvType.GYM_TYPE (1 is robosuite)
 
 
 # --------------------------------------------------------------------------- observations
@@ -62,6 +106,23 @@ def to_float32(obs: np.ndarray) -> np.ndarray:
 def downsample_frame(frame: np.ndarray) -> np.ndarray:
     """[210, 160] uint8 grayscale frame -> [1, 53, 40] uint8 by striding."""
     return np.ascontiguousarray(frame[None, ::PONG_STRIDE, ::PONG_STRIDE])
+
+
+def mujoco_state(env: gym.Env) -> dict[str, np.ndarray]:
+    """Copies of the simulator's ``qpos`` and ``qvel`` (float64)."""
+    sim = env.unwrapped
+    assert isinstance(sim, MujocoEnv)
+    return {"qpos": sim.data.qpos.copy(), "qvel": sim.data.qvel.copy()}
+
+
+def mujoco_state_and_frame(env: gym.Env) -> dict[str, np.ndarray]:
+    """``mujoco_state`` plus the frame of the env's default camera, uint8 [H, W, 3]."""
+    return {**mujoco_state(env), ROBOMIMIC_IMAGE_KEY: np.ascontiguousarray(env.render())}
+
+
+def stack_extras(extras: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Per-step probe dicts -> one stacked array per key."""
+    return {key: np.stack([extra[key] for extra in extras]) for key in extras[0]}
 
 
 # --------------------------------------------------------------------------- policies
@@ -91,6 +152,51 @@ def pong_policy(obs: np.ndarray, step: int, rng: np.random.Generator) -> np.int6
 # --------------------------------------------------------------------------- rollouts
 
 
+def collect(
+    env: gym.Env,
+    policy: Policy,
+    steps: int,
+    seed: int,
+    *,
+    obs_fn: ObsFn = to_float32,
+    probe: Probe | None = None,
+    first_traj_id: int = 0,
+) -> Record:
+    """Run ``steps`` transitions with auto-reset and record them step by step.
+
+    ``probe(env)``, if given, is read for every state: its values before step t are recorded
+    under ``"extra"`` and after step t (before any reset) under ``"next_extra"``.
+    """
+    rng = np.random.default_rng(seed)
+    obs = obs_fn(env.reset(seed=seed)[0])
+    extra = probe(env) if probe else {}
+    rec: Record = defaultdict(list)
+    traj_id, ep_step = first_traj_id, 0
+    for _ in range(steps):
+        action = policy(obs, ep_step, rng)
+        raw_next, reward, terminated, truncated, _ = env.step(action)
+        next_obs = obs_fn(raw_next)
+        next_extra = probe(env) if probe else {}
+        for key, value in (
+            ("obs", obs),
+            ("action", action),
+            ("next_obs", next_obs),
+            ("reward", reward),
+            ("terminated", terminated),
+            ("truncated", truncated),
+            ("traj_id", traj_id),
+            ("extra", extra),
+            ("next_extra", next_extra),
+        ):
+            rec[key].append(value)
+        if terminated or truncated:
+            obs, traj_id, ep_step = obs_fn(env.reset()[0]), traj_id + 1, 0
+            extra = probe(env) if probe else {}
+        else:
+            obs, extra, ep_step = next_obs, next_extra, ep_step + 1
+    return rec
+
+
 def rollout(
     env: gym.Env,
     policy: Policy,
@@ -102,32 +208,11 @@ def rollout(
     first_traj_id: int = 0,
 ) -> TensorDict:
     """Run ``steps`` transitions with auto-reset and return them as a TED TensorDict [steps]."""
-    rng = np.random.default_rng(seed)
-    obs = obs_fn(env.reset(seed=seed)[0])
-    rec: dict[str, list[Any]] = defaultdict(list)
-    traj_id, ep_step = first_traj_id, 0
-    for _ in range(steps):
-        action = policy(obs, ep_step, rng)
-        raw_next, reward, terminated, truncated, _ = env.step(action)
-        next_obs = obs_fn(raw_next)
-        for key, value in (
-            ("obs", obs),
-            ("action", action),
-            ("next_obs", next_obs),
-            ("reward", reward),
-            ("terminated", terminated),
-            ("truncated", truncated),
-            ("traj_id", traj_id),
-        ):
-            rec[key].append(value)
-        if terminated or truncated:
-            obs, traj_id, ep_step = obs_fn(env.reset()[0]), traj_id + 1, 0
-        else:
-            obs, ep_step = next_obs, ep_step + 1
+    rec = collect(env, policy, steps, seed, obs_fn=obs_fn, first_traj_id=first_traj_id)
     return to_ted(rec, obs_key)
 
 
-def to_ted(rec: dict[str, list[Any]], obs_key: str) -> TensorDict:
+def to_ted(rec: Record, obs_key: str) -> TensorDict:
     """Stack recorded steps into the TED layout."""
     steps = len(rec["obs"])
     terminated = torch.tensor(rec["terminated"], dtype=torch.bool).unsqueeze(-1)
@@ -181,6 +266,54 @@ def make_pong() -> TensorDict:
         return rollout(env, pong_policy, PONG_STEPS, 0, obs_key="pixels", obs_fn=downsample_frame)
 
 
+def make_d4rl_hopper() -> dict[str, np.ndarray]:
+    """Hopper transitions as D4RL rows, keyed by dataset path; infos are read before each step."""
+    with gym.make("Hopper-v5", max_episode_steps=D4RL_MAX_EPISODE_STEPS) as env:
+        rec = collect(env, hopper_policy, D4RL_STEPS, D4RL_SEED, probe=mujoco_state)
+    terminated = np.array(rec["terminated"], dtype=bool)
+    truncated = np.array(rec["truncated"], dtype=bool)
+    infos = stack_extras(rec["extra"])
+    return {
+        "observations": np.stack(rec["obs"]),
+        "next_observations": np.stack(rec["next_obs"]),
+        "actions": np.stack(rec["action"]),
+        "rewards": np.array(rec["reward"], dtype=np.float32),
+        # D4RL's collector records a timeout, not a terminal, when both happen on one step
+        "terminals": terminated & ~truncated,
+        "timeouts": truncated,
+        "infos/qpos": infos["qpos"],
+        "infos/qvel": infos["qvel"],
+    }
+
+
+def make_robomimic_hopper() -> list[dict[str, np.ndarray]]:
+    """The first ROBOMIMIC_DEMOS complete Hopper episodes, rendered, one robomimic demo each."""
+    with gym.make("Hopper-v5", **ROBOMIMIC_ENV_KWARGS) as env:
+        rec = collect(
+            env, hopper_policy, ROBOMIMIC_STEPS, ROBOMIMIC_SEED, probe=mujoco_state_and_frame
+        )
+    ends = np.flatnonzero(np.array(rec["terminated"]) | np.array(rec["truncated"]))
+    assert len(ends) >= ROBOMIMIC_DEMOS, "raise ROBOMIMIC_STEPS"
+    starts = [0, *(ends[:-1] + 1)]
+    bounds = zip(starts[:ROBOMIMIC_DEMOS], ends[:ROBOMIMIC_DEMOS], strict=True)
+    return [robomimic_demo(rec, slice(start, end + 1)) for start, end in bounds]
+
+
+def robomimic_demo(rec: Record, steps: slice) -> dict[str, np.ndarray]:
+    """One episode in robomimic's per-demo layout, keyed by path inside ``data/demo_<i>``."""
+    obs, next_obs = stack_extras(rec["extra"][steps]), stack_extras(rec["next_extra"][steps])
+    dones = np.zeros(len(obs["qpos"]), dtype=np.int64)
+    dones[-1] = 1
+    return {
+        "actions": np.stack(rec["action"][steps]).astype(np.float64),
+        "rewards": np.array(rec["reward"][steps], dtype=np.float64),
+        "dones": dones,
+        "states": np.concatenate([obs["qpos"], obs["qvel"]], axis=1),
+        **{f"obs/{key}": value for key, value in obs.items()},
+        **{f"next_obs/{key}": value for key, value in next_obs.items()},
+    }
+
+
 # --------------------------------------------------------------------------- checks
 
 
@@ -209,6 +342,33 @@ def episode_ends(td: TensorDictBase) -> tuple[int, int]:
     """(episodes ended by termination, episodes ended by truncation only)."""
     terminated = td["next", "terminated"]
     return int(terminated.sum()), int((td["next", "truncated"] & ~terminated).sum())
+
+
+def check_d4rl(data: dict[str, np.ndarray]) -> None:
+    """Assert D4RL's row invariants and that ``infos`` hold the state of each observation."""
+    obs, terminals, timeouts = data["observations"], data["terminals"], data["timeouts"]
+    assert terminals.any() and timeouts.any(), "need both kinds of episode end"
+    assert not (terminals & timeouts).any()
+    within = ~(terminals | timeouts)[:-1]  # row t and t+1 belong to the same episode
+    assert np.array_equal(data["next_observations"][:-1][within], obs[1:][within]), "obs mismatch"
+    # Hopper-v5 observes qpos[1:] and clip(qvel, -10, 10), in float64, cast once to float32
+    qvel = np.clip(data["infos/qvel"], -10.0, 10.0)
+    state = np.concatenate([data["infos/qpos"][:, 1:], qvel], axis=1).astype(np.float32)
+    assert np.array_equal(state, obs), "infos/qpos, infos/qvel out of step with observations"
+
+
+def check_robomimic(demos: list[dict[str, np.ndarray]]) -> None:
+    """Assert robomimic's per-demo invariants: obs/next_obs shifted by one, done at the end."""
+    for demo in demos:
+        steps = len(demo["actions"])
+        assert demo["dones"].tolist() == [0] * (steps - 1) + [1]
+        states = np.concatenate([demo["obs/qpos"], demo["obs/qvel"]], axis=1)
+        assert np.array_equal(demo["states"], states)
+        assert demo[f"obs/{ROBOMIMIC_IMAGE_KEY}"].dtype == np.uint8
+        for key in (key for key in demo if key.startswith("obs/")):
+            next_value = demo["next_" + key]
+            assert len(demo[key]) == len(next_value) == steps, key
+            assert np.array_equal(next_value[:-1], demo[key][1:]), f"{key} mismatch"
 
 
 # --------------------------------------------------------------------------- writers
@@ -243,6 +403,100 @@ def save_replay_buffer(td: TensorDict, path: Path) -> None:
     assert_same(td, reloaded[: len(td)].exclude("index"))
 
 
+@dataclass
+class H5Layout:
+    """What an HDF5 file holds: datasets by path, which of them are gzipped, group attributes."""
+
+    datasets: dict[str, Any]
+    gzipped: set[str]
+    attrs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def d4rl_layout(data: dict[str, np.ndarray]) -> H5Layout:
+    """Rows gzipped at the root and under ``infos/``, small scalars under ``metadata/``."""
+    metadata = {f"metadata/{name}": value for name, value in D4RL_METADATA.items()}
+    return H5Layout({**data, **metadata}, gzipped=set(data))
+
+
+def robomimic_layout(demos: list[dict[str, np.ndarray]]) -> H5Layout:
+    """``data/demo_<i>/...`` (observations gzipped), ``data`` attributes and train/valid masks."""
+    names = [f"demo_{index}" for index in range(len(demos))]
+    datasets = {
+        f"data/{name}/{key}": value
+        for name, demo in zip(names, demos, strict=True)
+        for key, value in demo.items()
+    }
+    split = len(names) - ROBOMIMIC_VALID_DEMOS
+    datasets["mask/train"] = np.array(names[:split], dtype="S")
+    datasets["mask/valid"] = np.array(names[split:], dtype="S")
+    env_args = {
+        "env_name": "Hopper-v5",
+        "type": ROBOMIMIC_GYM_TYPE,
+        "env_kwargs": ROBOMIMIC_ENV_KWARGS,
+    }
+    attrs: dict[str, dict[str, Any]] = {
+        "data": {
+            "total": sum(len(demo["actions"]) for demo in demos),
+            "env_args": json.dumps(env_args, indent=4),
+        },
+    }
+    for name, demo in zip(names, demos, strict=True):
+        attrs[f"data/{name}"] = {"num_samples": len(demo["actions"])}
+    gzipped = {path for path in datasets if "/obs/" in path or "/next_obs/" in path}
+    return H5Layout(datasets, gzipped, attrs)
+
+
+def save_hdf5(layout: H5Layout, path: Path) -> None:
+    """Write and re-check the layout; gzipped datasets get h5py's automatic chunk shape."""
+    with h5py.File(path, "w") as f:
+        for name, value in layout.datasets.items():
+            if name in layout.gzipped:
+                f.create_dataset(name, data=value, compression="gzip", compression_opts=GZIP_LEVEL)
+            else:
+                f.create_dataset(name, data=value)
+        for group, attrs in layout.attrs.items():
+            f[group].attrs.update(attrs)
+    check_hdf5(layout, path)
+
+
+def h5_datasets(group: h5py.Group) -> dict[str, h5py.Dataset]:
+    """Every dataset below ``group``, keyed by path."""
+    found: dict[str, h5py.Dataset] = {}
+
+    def visit(name: str, obj: object) -> None:
+        if isinstance(obj, h5py.Dataset):
+            found[name] = obj
+
+    group.visititems(visit)
+    return found
+
+
+def check_hdf5(layout: H5Layout, path: Path) -> None:
+    """Re-open the file: exactly the layout's datasets and attributes, same dtypes and values."""
+    with h5py.File(path, "r") as f:
+        stored = h5_datasets(f)
+        assert sorted(stored) == sorted(layout.datasets), sorted(stored)
+        for name, value in layout.datasets.items():
+            dset, expected = stored[name], np.asarray(value)
+            assert dset.dtype == expected.dtype and np.array_equal(dset[()], expected), name
+            gzipped = name in layout.gzipped
+            assert dset.compression == ("gzip" if gzipped else None), name
+            assert (dset.chunks is not None) == gzipped, name
+        for group, attrs in layout.attrs.items():
+            assert sorted(f[group].attrs) == sorted(attrs), group
+            for key, value in attrs.items():
+                assert f[group].attrs[key] == value, (group, key)
+
+
+def write_hdf5(layout: H5Layout, path: Path, summary: str) -> int:
+    """(Re)write and summarise one HDF5 file; return its size in bytes."""
+    path.unlink(missing_ok=True)
+    save_hdf5(layout, path)
+    size = disk_bytes(path)
+    print(f"{path}: {summary}, {size} bytes")
+    return size
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -275,12 +529,34 @@ def route_mujoco_warnings() -> None:
     mujoco.set_mju_user_warning(lambda msg: print(f"MuJoCo warning: {msg}", file=sys.stderr))
 
 
+def use_headless_gl() -> None:
+    """Render MuJoCo off-screen through EGL unless MUJOCO_GL already names a backend."""
+    os.environ.setdefault("MUJOCO_GL", "egl")
+
+
+def write_d4rl(out: Path) -> int:
+    data = make_d4rl_hopper()
+    check_d4rl(data)
+    terminals, timeouts = int(data["terminals"].sum()), int(data["timeouts"].sum())
+    summary = f"{len(data['observations'])} rows, terminals {terminals}, timeouts {timeouts}"
+    return write_hdf5(d4rl_layout(data), out / D4RL_FILE, summary)
+
+
+def write_robomimic(out: Path) -> int:
+    demos = make_robomimic_hopper()
+    check_robomimic(demos)
+    lengths = [len(demo["actions"]) for demo in demos]
+    summary = f"{len(demos)} demos of {lengths} steps"
+    return write_hdf5(robomimic_layout(demos), out / ROBOMIMIC_FILE, summary)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     out: Path = parser.parse_args().out
     out.mkdir(parents=True, exist_ok=True)
     route_mujoco_warnings()
+    use_headless_gl()
 
     hopper = make_hopper(HOPPER_STEPS, seed=0)
     n_term, n_trunc = episode_ends(hopper)
@@ -292,6 +568,7 @@ def main() -> None:
         (make_pong(), "pong_pixels.pt", save_torch, "pixels"),
     ]
     total = sum(write(td, out / name, saver, key) for td, name, saver, key in jobs)
+    total += write_d4rl(out) + write_robomimic(out)
     print(f"total: {total} bytes")
     assert total < 5_000_000, "sample data must stay under 5 MB"
 
