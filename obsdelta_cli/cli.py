@@ -19,11 +19,13 @@ from rich.console import Console
 from . import __version__, pipeline
 from .codecs import AUTO, CODECS, DEFAULT_CODEC
 from .errors import ObsdeltaError
+from .formats.hdf5 import H5_COMPRESSIONS
 from .report import DatasetResult, render
 
 # An Enum lets Typer validate --codec (exit code 2) and list the choices in --help.
 CodecName = Enum("CodecName", {c: c for c in [*CODECS, AUTO]}, type=str)  # type: ignore[misc]
 DEFAULT = CodecName(DEFAULT_CODEC)
+H5Compression = Enum("H5Compression", {c: c for c in H5_COMPRESSIONS}, type=str)  # type: ignore[misc]
 
 app = typer.Typer(
     name="obsdelta",
@@ -73,7 +75,11 @@ ChunkOpt = Annotated[
     typer.Option("--chunk-mb", min=0.001, help="Memory budget per chunk of rows, in MiB."),
 ]
 InputArg = Annotated[
-    Path, typer.Argument(help="Dataset: memmap folder, .pt file or replay-buffer dump.")
+    Path,
+    typer.Argument(
+        help="Dataset: TED memmap folder, .pt file, replay-buffer dump, or D4RL / robomimic / "
+        "TED HDF5 file (detected from content)."
+    ),
 ]
 OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="Where to write the result.")]
 
@@ -135,6 +141,14 @@ def compress(
         ),
     ] = False,
     time_dim: TimeDimOpt = -1,
+    h5_compression: Annotated[
+        H5Compression | None,
+        typer.Option(
+            "--h5-compression",
+            help="HDF5 only: lossless filter for the stored datasets (zstd and blosc need "
+            "hdf5plugin). Default: the filter of the dataset each replaces.",
+        ),
+    ] = None,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -155,6 +169,7 @@ def compress(
             time_dim=time_dim,
             force=force,
             chunk_mb=chunk_mb,
+            options={"h5_compression": h5_compression and h5_compression.value},
         ),
         as_json=as_json,
         quiet=quiet,

@@ -216,8 +216,12 @@ def _slices(rows: Any, stop: int, chunk_bytes: int, align: int) -> Iterator[slic
     cut at whole indices of their first dimension."""
     row_bytes = max(1, math.prod(rows.shape[1:]) * rows.dtype.itemsize)
     step = max(1, chunk_bytes // row_bytes)
-    if isinstance(rows, FlatRows) and align > 1:
-        step = max(align, step - step % align)
+    if isinstance(rows, FlatRows):
+        # Whole indices of the first dimension, and whole HDF5 chunks where the budget allows,
+        # so that every stored chunk is read and written once.
+        unit = align * getattr(rows.leaf, "chunk_rows", 1)
+        unit = unit if unit <= step else align
+        step = max(unit, step - step % unit)
     for start in range(0, stop, step):
         yield slice(start, min(stop, start + step))
 
@@ -396,8 +400,12 @@ def _write(
     try:
         with atomic_output(output, source=source.path, force=force) as tmp:
             sink = fmt.create(tmp, source, plan)
-            meta = fill(sink)
-            fmt.finish(tmp, sink, meta)
+            try:
+                meta = fill(sink)
+                fmt.finish(tmp, sink, meta)
+            except BaseException:
+                fmt.discard(sink)
+                raise
     except ObsdeltaError:
         raise
     except (OSError, RuntimeError) as exc:
@@ -563,6 +571,9 @@ def compress(
             hint="drop --no-exceptions",
         )
     fmt, source = _open(input)
+    if fmt.nothing_to_do:
+        fmt.close(source)
+        raise InputError(fmt.nothing_to_do, file=input, hint="use the dataset as it is")
     options = {k: v for k, v in (options or {}).items() if v is not None}
     unknown = set(options) - fmt.options
     if unknown:
@@ -601,7 +612,7 @@ def compress(
         if stored is not None:
             new[p.delta_key] = LeafSpec(tuple(obs.shape), stored, replaces=p.next_key)
             order.append(p.delta_key)
-    plan = Plan(order, new, options)
+    plan = Plan(order, new, sorted(replaced), options)
     results: list[KeyResult] = []
 
     def fill(sink: Sink) -> dict[str, Any]:
@@ -749,6 +760,25 @@ def _stored_pairs(source: Source, meta: dict[str, Any]) -> list[_Stored]:
     return out
 
 
+def _stored_bytes(source: Source, s: _Stored, rows: int, features: int) -> int:
+    """Bytes a stored pair takes: on disk where the container tells (HDF5, after its filters),
+    else its values (the delta leaf, exception rows and their index)."""
+    r = s.record
+    n_exc = int(r.get("exception_rows", 0))
+    names = r.get("arrays") or {}
+    stored_dtype = r.get("stored_dtype")
+    leaf = source.leaves.get(s.pair.delta_key) if stored_dtype else None
+    on_disk = [] if leaf is None else [getattr(leaf, "storage_bytes", lambda: None)()]
+    if n_exc and source.arrays is not None:
+        on_disk += [source.arrays.storage_bytes(n) for n in names.values()]
+    if on_disk and all(b is not None for b in on_disk):
+        return sum(b for b in on_disk if b is not None)
+    small = n_exc * (INDEX_BYTES + features * s.dtype.itemsize)
+    if stored_dtype:
+        small += rows * features * _dtype(stored_dtype, source.path).itemsize
+    return small
+
+
 def _recorded_results(
     source: Source, stored: Sequence[_Stored], *, restored: bool
 ) -> list[KeyResult]:
@@ -761,11 +791,7 @@ def _recorded_results(
         features = list(obs.shape[source.batch_dims :])
         raw = rows * math.prod(features) * s.dtype.itemsize
         stored_dtype = r.get("stored_dtype")
-        small = INDEX_BYTES * int(r.get("exception_rows", 0)) + int(r.get("exception_rows", 0)) * (
-            math.prod(features) * s.dtype.itemsize
-        )
-        if stored_dtype:
-            small += rows * math.prod(features) * _dtype(stored_dtype, source.path).itemsize
+        small = _stored_bytes(source, s, rows, math.prod(features))
         k = out.get(s.pair.name)
         if k is None:
             out[s.pair.name] = KeyResult(
@@ -834,7 +860,7 @@ def inflate(
                     file=input,
                     hint="the file is damaged or was edited",
                 )
-        plan = Plan(order, new, dict(meta.get("options") or {}))
+        plan = Plan(order, new, options=dict(meta.get("options") or {}))
 
         def fill(sink: Sink) -> None:
             for key in order:
@@ -881,6 +907,10 @@ def report(
     fmt, source = _open(input)
     size = disk_size(input)
     try:
+        if fmt.nothing_to_do:
+            return DatasetResult(
+                "report", str(input), None, fmt.name, False, size, size, note=fmt.nothing_to_do
+            )
         if source.meta is not None:
             stored = _stored_pairs(source, read_meta(source))
             results = _recorded_results(source, stored, restored=False)

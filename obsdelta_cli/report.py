@@ -69,11 +69,15 @@ class DatasetResult:
     bytes_before: int
     bytes_after: int
     keys: list[KeyResult] = field(default_factory=list)
+    #: A plain-language remark (e.g. why there is nothing to compress).
+    note: str | None = None
     schema: str = SCHEMA
 
     def to_json(self) -> str:
         """One line of JSON; optional fields that do not apply are left out."""
         data = asdict(self)
+        if data["note"] is None:
+            del data["note"]
         for key in data["keys"]:
             for optional in ("candidates", "auto_pick"):
                 if key[optional] is None:
@@ -106,6 +110,9 @@ def _ratio(before: int, after: int) -> str:
 def render(result: DatasetResult, console: Console) -> None:
     """Print ``result`` as a table for people (``max_rel_error`` is in the JSON only)."""
     title = f"{result.command}: {result.input} ({result.format})"
+    if result.note:
+        console.print(escape(f"{title}: {result.note}"))
+        return
     if result.output:
         title += f" -> {result.output}"
     table = Table(title=escape(title), title_justify="left")

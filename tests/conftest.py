@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,8 @@ from tensordict import TensorDict, TensorDictBase
 from typer.testing import CliRunner
 
 from obsdelta_cli.cli import app
-from obsdelta_cli.formats import FORMATS
+
+from .writers import TED_KEYED, read_h5_td
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "sample_data"
@@ -48,44 +48,16 @@ def pong() -> TensorDictBase:
     return load_sample("pong_pixels.pt")
 
 
-def write_memmap(td: TensorDictBase, path: Path) -> Path:
-    td.memmap(path)
-    return path
-
-
-def write_pt(td: TensorDictBase, path: Path) -> Path:
-    path = path.with_suffix(".pt")
-    torch.save(td, path)
-    return path
-
-
-def write_rb(td: TensorDictBase, path: Path) -> Path:
-    """A real TorchRL replay-buffer dump holding ``td`` (flattened), with spare capacity."""
-    rl_data = pytest.importorskip("torchrl.data")
-    flat = td.reshape(-1) if td.batch_dims > 1 else td
-    rb = rl_data.TensorDictReplayBuffer(
-        storage=rl_data.LazyMemmapStorage(flat.shape[0] + 37, scratch_dir=path.parent / "scratch")
-    )
-    rb.extend(flat)
-    rb.dumps(path)
-    return path
-
-
-#: One writer per format in the registry; a new format without a writer fails test_formats.
-WRITERS: dict[str, Callable[[TensorDictBase, Path], Path]] = {
-    "ted-memmap": write_memmap,
-    "ted-pt": write_pt,
-    "torchrl-rb": write_rb,
-}
-
-
-@pytest.fixture(params=list(FORMATS))
+@pytest.fixture(params=TED_KEYED)
 def fmt(request: pytest.FixtureRequest) -> str:
+    """Every format whose keys follow TED; the HDF5 layouts have tests of their own."""
     return request.param
 
 
 def read_any(path: Path) -> TensorDictBase:
-    """Read an output of any format back into memory, as a user would."""
+    """Read an output of a TED-keyed format back into memory, as a user would."""
+    if path.suffix == ".h5":
+        return read_h5_td(path)
     if path.is_file():
         return torch.load(path, weights_only=False)
     if (path / "storage").is_dir():

@@ -13,7 +13,8 @@ from tensordict import TensorDictBase
 from obsdelta_cli import __version__
 from obsdelta_cli.codecs import CODECS
 
-from .conftest import SAMPLE, WRITERS, Cli, tree_hash
+from .conftest import SAMPLE, Cli, tree_hash
+from .writers import WRITERS
 
 KEY_FIELDS = {
     "key",

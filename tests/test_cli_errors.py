@@ -21,16 +21,18 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import h5py
 import pytest
 import torch
 from tensordict import TensorDictBase
 
 from obsdelta_cli.formats import FORMATS
 
-from .conftest import WRITERS, read_any, tree_hash
+from .conftest import read_any, tree_hash
+from .writers import WRITERS
 
 PREFIX = "obsdelta: error: "
-DIR_FORMATS = [name for name in FORMATS if name != "ted-pt"]
+DIR_FORMATS = [name for name in FORMATS if name in ("ted-memmap", "torchrl-rb")]
 #: Temporary siblings of an output (".NAME.obsdelta-tmp-PID", ".NAME.obsdelta-old-PID").
 TMP_GLOB = "*.obsdelta-*"
 
@@ -124,7 +126,7 @@ def write(fmt: str, td: TensorDictBase, tmp_path: Path, name: str = "in") -> Pat
 
 def out_for(src: Path, folder: Path, name: str = "out") -> Path:
     """An output path in ``folder`` for a dataset like ``src``."""
-    return folder / (f"{name}.pt" if src.is_file() else name)
+    return folder / (name + src.suffix if src.is_file() else name)
 
 
 def command_line(command: str, src: Path, tmp_path: Path, *extra: str) -> list[str | Path]:
@@ -153,7 +155,10 @@ def leaf_keys(path: Path) -> set[tuple[str, ...]]:
 
 def edit_obsdelta_meta(path: Path, **changes: object) -> None:
     """Change fields of the obsdelta metadata of a compressed dataset of any format."""
-    if path.is_file():
+    if path.suffix == ".h5":
+        with h5py.File(path, "r+") as f:
+            f.attrs["obsdelta"] = json.dumps({**json.loads(f.attrs["obsdelta"]), **changes})
+    elif path.is_file():
         td = torch.load(path, weights_only=False)
         entry = td.get_non_tensor("_obsdelta")
         entry = {**entry, "meta": json.dumps({**json.loads(entry["meta"]), **changes})}

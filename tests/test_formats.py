@@ -10,15 +10,17 @@ from tensordict import TensorDictBase
 from obsdelta_cli.errors import InputError
 from obsdelta_cli.formats import FORMATS, detect
 
-from .conftest import SAMPLE, WRITERS
+from .conftest import SAMPLE
+from .writers import WRITERS
 
 
 def test_every_format_has_a_writer() -> None:
     assert set(WRITERS) == set(FORMATS)
 
 
+@pytest.mark.parametrize("fmt", list(FORMATS))
 def test_detected_from_content_not_name(fmt: str, tmp_path: Path, hopper: TensorDictBase) -> None:
-    path = WRITERS[fmt](hopper[:50], tmp_path / "data")
+    path = WRITERS[fmt](hopper[:400], tmp_path / "data")
     odd = tmp_path / "renamed.h5"  # a misleading name changes nothing
     path.rename(odd)
     assert detect(odd).name == fmt
@@ -31,6 +33,8 @@ def test_detected_from_content_not_name(fmt: str, tmp_path: Path, hopper: Tensor
         ("halfcheetah_ted.pt", "ted-pt"),
         ("hopper_rb", "torchrl-rb"),
         ("pong_pixels.pt", "ted-pt"),
+        ("hopper_d4rl.hdf5", "d4rl-hdf5"),
+        ("hopper_robomimic.hdf5", "robomimic-hdf5"),
     ],
 )
 def test_samples_are_detected(name: str, fmt: str) -> None:

@@ -1,7 +1,7 @@
 """Format registry and content-based detection.
 
 >>> list(FORMATS)
-['torchrl-rb', 'ted-memmap', 'ted-pt']
+['torchrl-rb', 'ted-memmap', 'ted-pt', 'd4rl-hdf5', 'robomimic-hdf5', 'minari-hdf5', 'ted-hdf5']
 """
 
 from __future__ import annotations
@@ -21,6 +21,11 @@ from .base import (
     disk_size,
     key_str,
 )
+from .d4rl import D4RL
+from .hdf5 import is_hdf5, open_h5
+from .minari import Minari
+from .robomimic import Robomimic
+from .ted_hdf5 import TedHDF5
 from .ted_memmap import TedMemmap
 from .ted_pt import TedPt
 from .torchrl_rb import TorchRLReplayBuffer
@@ -31,6 +36,10 @@ FORMATS: dict[str, type[Format]] = {
     TorchRLReplayBuffer.name: TorchRLReplayBuffer,
     TedMemmap.name: TedMemmap,
     TedPt.name: TedPt,
+    D4RL.name: D4RL,
+    Robomimic.name: Robomimic,
+    Minari.name: Minari,
+    TedHDF5.name: TedHDF5,
 }
 
 
@@ -41,7 +50,11 @@ def detect(path: Path) -> Format:
     for cls in FORMATS.values():
         if cls.sniff(path):
             return cls()
-    kind = "directory" if path.is_dir() else "file"
+    if is_hdf5(path):
+        open_h5(path).close()  # a damaged file says so precisely
+        kind = "HDF5 file"
+    else:
+        kind = "directory" if path.is_dir() else "file"
     raise InputError(
         f"{kind} is in no layout obsdelta reads",
         file=path,

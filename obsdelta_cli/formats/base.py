@@ -47,6 +47,10 @@ class ArrayStore:
         with (self.folder / f"{name}.bin").open("ab") as fh:
             fh.write(rows.contiguous().view(torch.uint8).numpy().tobytes())
 
+    def storage_bytes(self, name: str) -> int | None:
+        """Bytes array ``name`` takes on disk, where the container can tell (after filters)."""
+        return None
+
     def get(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         numel = math.prod(shape)
         if numel == 0:
@@ -137,6 +141,9 @@ class Plan:
 
     order: list[Key]
     new: dict[Key, LeafSpec]
+    #: On compress: the next-observation leaves the output no longer holds (containers that
+    #: keep storage options, such as HDF5, record how to recreate them).
+    replaced: list[Key] = field(default_factory=list)
     #: Container-specific write options (e.g. ``{"h5_compression": "zstd"}``).
     options: dict[str, Any] = field(default_factory=dict)
 
@@ -181,6 +188,8 @@ class Format(ABC):
     summary: ClassVar[str] = ""
     #: Write options it understands (``Plan.options`` keys).
     options: ClassVar[frozenset[str]] = frozenset()
+    #: For layouts that never store a next observation twice: why there is nothing to do.
+    nothing_to_do: ClassVar[str | None] = None
 
     @classmethod
     @abstractmethod
@@ -206,6 +215,9 @@ class Format(ABC):
 
     def close(self, source: Source) -> None:  # noqa: B027 - most containers hold nothing open
         """Release what :meth:`open` holds."""
+
+    def discard(self, sink: Sink) -> None:  # noqa: B027 - most containers hold nothing open
+        """Release what :meth:`create` holds after a failure (the output is deleted next)."""
 
 
 def ted_pairs(source: Source) -> list[Pair]:

@@ -1,0 +1,285 @@
+"""HDF5 layouts: every untouched object comes out exactly as it went in, next observations within
+the recorded error, obsdelta's own objects gone after inflate, streaming in bounded memory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+from tensordict import TensorDictBase
+
+from obsdelta_cli import compress, inflate, report
+from obsdelta_cli.formats.hdf5 import H5_COMPRESSIONS
+
+from .conftest import SAMPLE, Cli, tree_hash
+from .test_cli_errors import expect_error
+from .writers import write_d4rl, write_minari, write_robomimic, write_ted_hdf5
+
+
+def _props(obj: Any) -> dict[str, Any]:
+    """Everything about an HDF5 object that must survive a round trip, data aside."""
+    attrs = {k: (repr(obj.attrs[k]), str(obj.attrs.get_id(k).dtype)) for k in obj.attrs}
+    if isinstance(obj, h5py.Group):
+        return {"kind": "group", "attrs": attrs}
+    return {
+        "kind": "dataset",
+        "dtype": str(obj.dtype),
+        "shape": obj.shape,
+        "chunks": obj.chunks,
+        "filters": repr(obj._filters),
+        "fillvalue": repr(obj.fillvalue),
+        "maxshape": obj.maxshape,
+        "attrs": attrs,
+    }
+
+
+def describe(path: Path) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    with h5py.File(path, "r") as f:
+        out["/"] = {"kind": "root", "attrs": {k: repr(f.attrs[k]) for k in f.attrs}}
+        f.visititems(lambda name, obj: out.__setitem__(name, _props(obj)))
+    return out
+
+
+def data(path: Path, name: str) -> np.ndarray:
+    with h5py.File(path, "r") as f:
+        return f[name][()]
+
+
+def _next_paths(path: Path) -> list[str]:
+    with h5py.File(path, "r") as f:
+        if "data" in f:
+            return [f"data/{d}/next_obs/{k}" for d in f["data"] for k in f["data"][d]["next_obs"]]
+        return ["next_observations"] if "observations" in f else ["next/observation"]
+
+
+LAYOUTS = {
+    "d4rl-sample": lambda tmp, hopper, cheetah: SAMPLE / "hopper_d4rl.hdf5",
+    "robomimic-sample": lambda tmp, hopper, cheetah: SAMPLE / "hopper_robomimic.hdf5",
+    "d4rl-written": lambda tmp, hopper, cheetah: write_d4rl(cheetah, tmp / "d4rl"),
+    "robomimic-written": lambda tmp, hopper, cheetah: write_robomimic(hopper, tmp / "robo"),
+    "ted-hdf5": lambda tmp, hopper, cheetah: write_ted_hdf5(cheetah, tmp / "ted"),
+}
+SETTINGS = [("exact", None), ("fp16", None), ("bf16", None), ("auto", 1e-3), ("q8", 1e-2)]
+
+
+@pytest.mark.parametrize(("codec", "bound"), SETTINGS, ids=lambda v: str(v))
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_round_trip_keeps_every_object(
+    layout: str,
+    codec: str,
+    bound: float | None,
+    tmp_path: Path,
+    hopper: TensorDictBase,
+    cheetah: TensorDictBase,
+) -> None:
+    src = LAYOUTS[layout](tmp_path, hopper, cheetah)
+    before = tree_hash(src)
+    small, back = tmp_path / "small.h5", tmp_path / "back.h5"
+    result = compress(src, small, codec=codec, max_abs_error=bound)
+    original, stored = describe(src), describe(small)
+    encoded = [k.key for k in result.keys if k.codec != "none"]
+    nexts = [n for n in _next_paths(src) if any(n == k or n.endswith("/" + k) for k in encoded)]
+    # Every object that was not rewritten is exactly as it was: properties, attributes, data.
+    for name, props in original.items():
+        if name in nexts:
+            assert name not in stored, name
+            continue
+        if props["kind"] == "group" and name not in stored:
+            # A group left with nothing but rewritten datasets, and no attributes, is dropped;
+            # inflate recreates it.
+            inside = [n for n, p in original.items() if n.startswith(name + "/")]
+            assert not props["attrs"] and all(
+                n in nexts for n in inside if original[n]["kind"] == "dataset"
+            )
+            continue
+        if name == "/":
+            assert {k: v for k, v in stored["/"]["attrs"].items() if k != "obsdelta"} == props[
+                "attrs"
+            ]
+            continue
+        assert stored[name] == props, name
+        if props["kind"] == "dataset":
+            a, b = data(small, name), data(src, name)
+            assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), name
+    meta = json.loads(h5py.File(small, "r").attrs["obsdelta"])
+    assert meta["format"] == result.format and meta["obsdelta_format"] == 1
+
+    inflate(small, back)
+    restored = describe(back)
+    assert restored == original  # same objects, dtypes, chunks, filters, fill values, attributes
+    errors = {k.key: k.max_abs_error for k in result.keys}
+    for name in nexts:
+        got, want = data(back, name), data(src, name)
+        err = (
+            float(np.abs(got.astype(np.float64) - want.astype(np.float64)).max()) if got.size else 0
+        )
+        limit = max(errors.values())
+        assert err <= limit
+        if bound is not None:
+            assert err <= bound
+        if codec == "exact" or (codec == "auto" and not bound):
+            assert np.array_equal(got, want)
+    assert tree_hash(src) == before
+
+
+def test_robomimic_report_adds_demos_up() -> None:
+    result = report(SAMPLE / "hopper_robomimic.hdf5")
+    with h5py.File(SAMPLE / "hopper_robomimic.hdf5", "r") as f:
+        total = int(f["data"].attrs["total"])
+        demos = len(f["data"])
+        names = sorted(f["data/demo_0/obs"])
+    assert sorted(k.key for k in result.keys) == [f"next_obs/{n}" for n in names]
+    for key in result.keys:
+        assert key.rows == total and key.shape[0] == total
+        assert key.auto_pick == "exact"
+        exact = next(c for c in key.candidates or [] if c.codec == "exact")
+        assert exact.exception_rows == demos  # one final frame per demo
+    pixels = next(k for k in result.keys if k.key == "next_obs/camera_image")
+    assert pixels.dtype == "uint8"
+
+
+def test_exact_stores_d4rl_next_observations_in_under_3_percent(tmp_path: Path) -> None:
+    (key,) = compress(SAMPLE / "hopper_d4rl.hdf5", tmp_path / "s.h5", codec="exact").keys
+    assert key.bytes_after <= 0.03 * key.bytes_before
+    with h5py.File(tmp_path / "s.h5", "r") as f:
+        on_disk = sum(f[f"obsdelta/arrays/{n}"].id.get_storage_size() for n in f["obsdelta/arrays"])
+    assert on_disk <= 0.03 * key.bytes_before
+
+
+@pytest.mark.parametrize("name", H5_COMPRESSIONS)
+def test_h5_compression_of_deltas(name: str, tmp_path: Path) -> None:
+    if name in ("zstd", "blosc"):
+        pytest.importorskip("hdf5plugin")
+    src = SAMPLE / "hopper_d4rl.hdf5"
+    result = compress(src, tmp_path / "s.h5", codec="fp16", options={"h5_compression": name})
+    with h5py.File(tmp_path / "s.h5", "r") as f:
+        delta = f["obsdelta/delta/next_observations"]
+        filters = set(delta._filters)
+        stored = delta.id.get_storage_size()
+    expected = {"gzip": "gzip", "lzf": "lzf", "zstd": "32015", "blosc": "32001"}.get(name)
+    assert (expected in filters) if expected else not filters
+    raw = result.keys[0].bytes_after  # the float16 values
+    if name in ("gzip", "zstd", "blosc"):
+        assert stored < raw
+    elif name == "none":
+        assert stored == raw  # chunks of whole rows: no padding
+    # The report on the compressed file shows the effect: bytes as stored on disk.
+    assert report(tmp_path / "s.h5").keys[0].bytes_after == stored
+    inflate(tmp_path / "s.h5", tmp_path / "b.h5")
+    assert describe(tmp_path / "b.h5") == describe(src)
+
+
+def test_minari_is_explained_not_compressed(
+    cli: Cli, tmp_path: Path, hopper: TensorDictBase
+) -> None:
+    src = write_minari(hopper, tmp_path / "main_data")
+    out = cli("report", src, "--json").stdout
+    line = json.loads(out)
+    assert (
+        line["format"] == "minari-hdf5"
+        and "observations once" in line["note"]
+        and line["keys"] == []
+    )
+    assert "observations once" in cli("report", src).stdout
+    expect_error(
+        cli, "compress", src, "-o", tmp_path / "o.h5", says=[src, "Minari", "observations once"]
+    )
+
+
+def _d4rl_copy(tmp_path: Path, edit: Any) -> Path:
+    path = tmp_path / "d.hdf5"
+    path.write_bytes((SAMPLE / "hopper_d4rl.hdf5").read_bytes())
+    with h5py.File(path, "r+") as f:
+        edit(f)
+    return path
+
+
+def _replace(name: str, value: np.ndarray) -> Any:
+    def edit(f: h5py.File) -> None:
+        del f[name]
+        f.create_dataset(name, data=value)
+
+    return edit
+
+
+@pytest.mark.parametrize("command", ["compress", "report"])
+@pytest.mark.parametrize(
+    ("case", "says"),
+    [
+        ("truncated", ["cannot open as HDF5"]),
+        ("flipped", ["next_observations", "damaged"]),
+        ("shape", ["next_observations", "differs"]),
+        ("empty", ["next_observations", "no rows"]),
+        ("no-layout", ["no layout obsdelta reads"]),
+    ],
+)
+def test_bad_hdf5_inputs(
+    cli: Cli, tmp_path: Path, command: str, case: str, says: list[str]
+) -> None:
+    sample = SAMPLE / "hopper_d4rl.hdf5"
+    if case == "truncated":
+        src = tmp_path / "t.hdf5"
+        src.write_bytes(sample.read_bytes()[: sample.stat().st_size // 2])
+    elif case == "flipped":
+        src = _d4rl_copy(tmp_path, lambda f: None)
+        with h5py.File(src, "r") as f:
+            offset = f["next_observations"].id.get_chunk_info(1).byte_offset
+        raw = bytearray(src.read_bytes())
+        raw[offset + 10 : offset + 400] = bytes(390)  # zero a compressed chunk's bytes
+        src.write_bytes(bytes(raw))
+    elif case == "shape":
+        src = _d4rl_copy(tmp_path, _replace("next_observations", np.zeros((5000, 10), np.float32)))
+    elif case == "empty":
+        edit = _replace("next_observations", np.zeros((0, 11), np.float32))
+        src = _d4rl_copy(
+            tmp_path,
+            lambda f: (edit(f), _replace("observations", np.zeros((0, 11), np.float32))(f)),
+        )
+    else:
+        src = tmp_path / "other.h5"
+        with h5py.File(src, "w") as f:
+            f["weights/layer0"] = np.zeros((3, 3))
+    extra = ["--key", "observations"] if case == "shape" else []
+    args = [command, src, *(["-o", tmp_path / "out.h5"] if command == "compress" else []), *extra]
+    expect_error(cli, *args, says=[src, *says])
+
+
+def _peak_rss_mb(src: Path, out: Path) -> float:
+    code = (
+        "import resource, sys\n"
+        "from obsdelta_cli import compress\n"
+        "compress(sys.argv[1], sys.argv[2], codec='fp16', chunk_mb=2)\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(src), str(out)], capture_output=True, text=True, check=True
+    )
+    return float(done.stdout.strip())
+
+
+def test_peak_memory_does_not_grow_with_the_file(tmp_path: Path, hopper: TensorDictBase) -> None:
+    """Streaming: a file 4x larger costs no more memory (both far above the 2 MiB budget)."""
+    obs = hopper["observation"].numpy()
+    nxt = hopper["next", "observation"].numpy()
+    peaks = []
+    for tiles in (150, 600):  # about 40 MB and 160 MB of observations
+        src = tmp_path / f"big{tiles}.hdf5"
+        with h5py.File(src, "w") as f:
+            for name, block in (("observations", obs), ("next_observations", nxt)):
+                ds = f.create_dataset(
+                    name, shape=(tiles * len(block), 11), dtype=np.float32, chunks=(8192, 11)
+                )
+                for i in range(tiles):
+                    ds[i * len(block) : (i + 1) * len(block)] = block
+        peaks.append(_peak_rss_mb(src, tmp_path / f"out{tiles}.h5"))
+        src.unlink()
+    small, big = peaks
+    print(f"peak RSS: {small:.0f} MB (40 MB file), {big:.0f} MB (160 MB file)")
+    assert big - small < 24, peaks
