@@ -1,7 +1,7 @@
 """obsdelta: store the next observation of trajectory datasets as a compact delta.
 
-The library API mirrors the commands: :func:`compress`, :func:`inflate` and :func:`report` take
-paths and return a :class:`~obsdelta_cli.report.DatasetResult`; failures raise
+The library API mirrors the commands: :func:`compress`, :func:`inflate`, :func:`report` and
+:func:`verify` take paths and return a :class:`~obsdelta_cli.report.DatasetResult`; failures raise
 :class:`ObsdeltaError`. See :mod:`obsdelta_cli.pipeline` for a runnable example.
 """
 
@@ -12,4 +12,4 @@ __version__ = "0.1.0"
 from .errors import ObsdeltaError
 from .pipeline import compress, inflate, report
 
-__all__ = ["ObsdeltaError", "__version__", "compress", "inflate", "report"]
+__all__ = ["ObsdeltaError", "__version__", "compress", "inflate", "report", "verify"]

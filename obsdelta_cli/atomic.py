@@ -21,6 +21,45 @@ from .errors import OutputError
 TMP_MARK = ".obsdelta-tmp-"
 
 
+def _fsync_tree(path: Path) -> None:
+    """Flush ``path`` (a file, or every file and folder below it) to stable storage."""
+    paths = [path] if path.is_file() else [*path.rglob("*"), path]
+    for p in paths:
+        if p.is_symlink():
+            continue
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale(output: Path) -> None:
+    """Remove temporaries a killed run left beside ``output`` (their process is gone)."""
+    for tmp in output.parent.glob(f".{output.name}{TMP_MARK}*"):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            _remove(tmp)
+
+
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
@@ -47,16 +86,21 @@ def check_output(output: Path, source: Path, *, force: bool) -> None:
 
 @contextmanager
 def atomic_output(output: Path, *, source: Path, force: bool) -> Iterator[Path]:
-    """Yield a temporary sibling of ``output``; on success rename it into place, else remove it.
+    """Yield a temporary sibling of ``output``; on success flush it to disk and rename it into
+    place, else remove it.
 
     An existing ``output`` (allowed only with ``force``) is replaced only once the new one is
-    complete, so a failure leaves the old one untouched.
+    complete, so a failure leaves the old one untouched. Temporaries left by killed runs are
+    removed first.
     """
     check_output(output, source, force=force)
+    clean_stale(output)
     tmp = output.parent / f".{output.name}{TMP_MARK}{os.getpid()}"
     _remove(tmp)
     try:
         yield tmp
+        # Durable before visible: after a crash, OUTPUT is either absent or complete.
+        _fsync_tree(tmp)
         if output.exists():
             old = output.parent / f".{output.name}.obsdelta-old-{os.getpid()}"
             os.replace(output, old)
@@ -64,6 +108,7 @@ def atomic_output(output: Path, *, source: Path, force: bool) -> Iterator[Path]:
             _remove(old)
         else:
             os.replace(tmp, output)
+        _fsync_dir(output.parent)
     except BaseException:
         _remove(tmp)
         raise

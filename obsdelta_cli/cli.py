@@ -7,6 +7,7 @@ Commands only parse options, call the library and print. Every expected failure 
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Callable
 from enum import Enum
@@ -116,9 +117,10 @@ def _run(job: Callable[[], DatasetResult], *, as_json: bool, quiet: bool) -> Non
     except ObsdeltaError as exc:
         print(f"obsdelta: error: {exc}", file=sys.stderr)
         raise typer.Exit(exc.exit_code) from None
-    except KeyboardInterrupt:
-        print("obsdelta: interrupted; no output was written", file=sys.stderr)
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt as exc:
+        signal_name = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        print(f"obsdelta: {signal_name}; no output was written", file=sys.stderr)
+        raise typer.Exit(143 if isinstance(exc, Terminated) else 130) from None
     if as_json:
         sys.stdout.write(result.to_json() + "\n")
     elif not quiet:
@@ -150,6 +152,12 @@ def compress(
         ),
     ] = None,
     force: ForceOpt = False,
+    no_verify: Annotated[
+        bool,
+        typer.Option(
+            "--no-verify", help="Skip re-reading and checking the output before it is put in place."
+        ),
+    ] = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
     chunk_mb: ChunkOpt = pipeline.DEFAULT_CHUNK_MB,
@@ -170,6 +178,7 @@ def compress(
             force=force,
             chunk_mb=chunk_mb,
             options={"h5_compression": h5_compression and h5_compression.value},
+            verify=not no_verify,
         ),
         as_json=as_json,
         quiet=quiet,
@@ -227,6 +236,29 @@ def report(
     )
 
 
+@app.command()
+def verify(
+    input: InputArg,
+    as_json: JsonOpt = False,
+    quiet: QuietOpt = False,
+    chunk_mb: ChunkOpt = pipeline.DEFAULT_CHUNK_MB,
+) -> None:
+    """Check a compressed dataset: metadata, every checksum, and a full rebuild of each key.
+
+    Example: obsdelta verify rollouts_small/ && echo sound
+    """
+    _run(lambda: pipeline.verify(input, chunk_mb=chunk_mb), as_json=as_json, quiet=quiet)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that partial output is cleaned up the same way."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def main() -> None:
     """Console-script entry point."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
     app(prog_name="obsdelta")

@@ -33,6 +33,7 @@ import torch
 
 from . import __version__
 from .atomic import atomic_output
+from .checksum import Crc
 from .codecs import AUTO, CODECS, DEFAULT_CODEC, Codec, codec_from_config, make_codec
 from .errors import (
     DataError,
@@ -291,13 +292,20 @@ class _Job:
     def flat(self, leaf: Any) -> Any:
         return as_rows(leaf, self.source.batch_dims)
 
-    def copy(self, src: Any, dst: Any) -> None:
+    def copy(self, src: Any, dst: Any) -> str | None:
+        """Copy a leaf chunk by chunk; return the CRC-32 of what was written."""
         if not is_data(src):
-            return  # a non-tensor leaf, already in the output through the template
-        src, dst = self.flat(src), self.flat(dst)
+            return None  # a non-tensor leaf, already in the output through the template
+        crc = Crc()
+        src = self.flat(src)
+        dst = None if dst is None else self.flat(dst)
         align = src.per_first if isinstance(src, FlatRows) else 1
         for sl in _slices(src, src.shape[0], self.chunk_bytes, align):
-            dst[sl] = src[sl]
+            chunk = src[sl]
+            crc.update(chunk)
+            if dst is not None:
+                dst[sl] = chunk
+        return crc.hex
 
     def _chunks(
         self, pair: Pair, successors: bool
@@ -314,25 +322,33 @@ class _Job:
 
     def encode(
         self, pair: Pair, codec: Codec, sink: Sink, names: dict[str, str], allow: bool
-    ) -> ErrorStats:
-        """Write ``pair``'s stored leaf and exception rows; return the figures."""
+    ) -> tuple[ErrorStats, dict[str, str]]:
+        """Write ``pair``'s stored leaf and exception rows; return the figures and the CRC-32
+        of the original next observations, of what inflate rebuilds, and of what was written."""
         has_leaf = codec.stored_dtype(self.source.leaves[pair.obs_key].dtype) is not None
         dst = self.flat(sink.leaves[pair.delta_key]) if has_leaf else None
         stats = ErrorStats()
+        crcs = {name: Crc() for name in ("next", "rebuilt", "stored", "index", "rows")}
         for sl, o, n, succ in self._chunks(pair, codec.uses_successor):
             c = _code_chunk(codec, o, n, succ, self.bound)
             stats.count(c.verdict)
             if c.bad.numel() and allow:
-                sink.arrays.append(names["index"], c.bad + sl.start)
-                sink.arrays.append(names["rows"], n[c.bad])
+                index, rows_out = c.bad + sl.start, n[c.bad]
+                sink.arrays.append(names["index"], index)
+                sink.arrays.append(names["rows"], rows_out)
+                crcs["index"].update(index)
+                crcs["rows"].update(rows_out)
             stats.update(n, c.rebuilt, exceptions=int(c.bad.numel()))
+            crcs["next"].update(n)
+            crcs["rebuilt"].update(c.rebuilt)
             if dst is not None and c.stored is not None:
                 dst[sl] = c.stored
+                crcs["stored"].update(c.stored)
         rows = self.rows(pair)
         if dst is not None and rows.valid < rows.total:
             # Rows past a replay buffer's len are not data: store a zero delta for them.
             dst[rows.valid :] = 0
-        return stats
+        return stats, {name: crc.hex for name, crc in crcs.items()}
 
     def measure(self, pair: Pair, codecs: Sequence[Codec]) -> list[ErrorStats]:
         """Figures of every codec on ``pair``, reading it once, writing nothing."""
@@ -345,23 +361,13 @@ class _Job:
                 s.update(n, c.rebuilt, exceptions=int(c.bad.numel()))
         return stats
 
-    def decode(self, stored: _Stored, dst: Any) -> None:
-        """Rebuild a pair's next observations into ``dst``."""
-        pair, codec, dtype, record = stored.pair, stored.codec, stored.dtype, stored.record
+    def decoded(self, stored: _Stored) -> Iterator[tuple[slice, torch.Tensor]]:
+        """A pair's rebuilt next observations, chunk by chunk, valid rows first, in order."""
+        pair, codec, dtype = stored.pair, stored.codec, stored.dtype
         rows = self.rows(pair)
         obs = self.flat(self.source.leaves[pair.obs_key])
         delta = self.flat(self.source.leaves[pair.delta_key]) if codec.stored_dtype(dtype) else None
-        n_exc = int(record.get("exception_rows", 0))
-        names = record.get("arrays") or {}
-        arrays = self.source.arrays
-        if n_exc and arrays is None:
-            raise InputError("exception rows are missing", file=self.source.path, key=pair.name)
-        index = rows_at = None
-        if n_exc:
-            assert arrays is not None
-            index = torch.as_tensor(arrays.get(names["index"], torch.int64, (n_exc,))[:])
-            rows_at = arrays.get(names["rows"], dtype, (n_exc, *obs.shape[1:]))
-        dst = self.flat(dst)
+        index, rows_at = self.exceptions(stored, obs.shape[1:])
         for sl in _slices(obs, rows.valid, self.chunk_bytes, rows.align):
             if codec.uses_successor:
                 o, succ = _window(obs, sl, rows)
@@ -373,13 +379,89 @@ class _Job:
                 lo, hi = torch.searchsorted(index, bounds).tolist()
                 if hi > lo:
                     rebuilt[index[lo:hi] - sl.start] = rows_at[lo:hi]
-            dst[sl] = rebuilt
+            yield sl, rebuilt
         if rows.valid < rows.total:
             # Rows past a replay buffer's len are not data: they come back as next = obs.
             for sl in _slices(obs, rows.total, self.chunk_bytes, rows.align):
                 if sl.stop > rows.valid:
-                    start = max(sl.start, rows.valid)
-                    dst[start : sl.stop] = obs[start : sl.stop]
+                    tail = slice(max(sl.start, rows.valid), sl.stop)
+                    yield tail, obs[tail]
+
+    def exceptions(
+        self, stored: _Stored, features: Sequence[int]
+    ) -> tuple[torch.Tensor | None, Any]:
+        """The exception rows' index (in memory: 8 bytes a row) and rows (lazy) of a pair."""
+        n_exc = int(stored.record.get("exception_rows", 0))
+        if not n_exc:
+            return None, None
+        names = stored.record.get("arrays") or {}
+        arrays = self.source.arrays
+        if arrays is None or not names:
+            raise InputError(
+                "exception rows are missing", file=self.source.path, key=stored.pair.name
+            )
+        index = torch.as_tensor(arrays.get(names["index"], torch.int64, (n_exc,))[:])
+        if index.numel() > 1 and not bool((index[1:] > index[:-1]).all()):
+            raise DataError(
+                "exception row index is not increasing",
+                file=self.source.path,
+                key=stored.pair.name,
+                hint="the compressed dataset is damaged",
+            )
+        return index, arrays.get(names["rows"], stored.dtype, (n_exc, *features))
+
+    def decode(self, stored: _Stored, dst: Any) -> None:
+        """Rebuild a pair's next observations into ``dst``, checking them against the CRC-32
+        recorded at compress time."""
+        dst = self.flat(dst)
+        crc = Crc()
+        valid = self.rows(stored.pair).valid
+        for sl, rebuilt in self.decoded(stored):
+            dst[sl] = rebuilt
+            if sl.start < valid:
+                crc.update(rebuilt)
+        _expect(stored, "rebuilt", crc, self.source.path)
+
+    def check(self, stored: _Stored) -> None:
+        """Re-read everything stored for a pair and compare it with the recorded CRC-32s."""
+        pair, path = stored.pair, self.source.path
+        valid = self.rows(pair).valid
+        if stored.codec.stored_dtype(stored.dtype) is not None:
+            crc = Crc()
+            delta = self.flat(self.source.leaves[pair.delta_key])
+            for sl in _slices(delta, valid, self.chunk_bytes, self.rows(pair).align):
+                crc.update(delta[sl])
+            _expect(stored, "stored", crc, path, leaf=key_str(pair.delta_key))
+        index, rows_at = self.exceptions(
+            stored, self.source.leaves[pair.obs_key].shape[self.source.batch_dims :]
+        )
+        if index is not None:
+            for name, array in (("index", index), ("rows", rows_at[:])):
+                crc = Crc()
+                crc.update(torch.as_tensor(array))
+                _expect(stored, name, crc, path, leaf=f"exception {name} of {pair.name}")
+        crc = Crc()
+        for sl, rebuilt in self.decoded(stored):
+            if sl.start < valid:
+                crc.update(rebuilt)
+        _expect(stored, "rebuilt", crc, path)
+        lossless = int(stored.record.get("exact_rows", -1)) == int(stored.record.get("rows", -2))
+        if lossless:
+            _expect(stored, "next", crc, path)
+
+
+def _expect(stored: _Stored, name: str, crc: Crc, file: Path, leaf: str | None = None) -> None:
+    """Compare a CRC-32 with the one recorded for ``stored`` (older files may have none)."""
+    recorded = (stored.record.get("crc32") or {}).get(name)
+    if recorded is not None and recorded != crc.hex:
+        what = {"rebuilt": "rebuilt next observations", "next": "original next observations"}
+        raise DataError(
+            f"checksum mismatch in the {what.get(name, 'stored data')} "
+            f"(recorded {recorded}, found {crc.hex})",
+            file=file,
+            key=leaf or stored.pair.name,
+            hint="the compressed dataset is damaged; restore it from a copy or compress again",
+        )
 
 
 def _job(source: Source, time_dim: int, chunk_mb: float, bound: float | None) -> _Job:
@@ -395,8 +477,10 @@ def _write(
     plan: Plan,
     fill: Callable[[Sink], dict[str, Any] | None],
     force: bool,
+    check: Callable[[Path], None] | None = None,
 ) -> None:
-    """Create ``output`` as ``plan`` says, atomically; ``fill`` writes it and returns the meta."""
+    """Create ``output`` as ``plan`` says, atomically; ``fill`` writes it and returns the meta,
+    ``check`` re-reads it before it is renamed into place."""
     try:
         with atomic_output(output, source=source.path, force=force) as tmp:
             sink = fmt.create(tmp, source, plan)
@@ -406,6 +490,8 @@ def _write(
             except BaseException:
                 fmt.discard(sink)
                 raise
+            if check is not None:
+                check(tmp)
     except ObsdeltaError:
         raise
     except (OSError, RuntimeError) as exc:
@@ -552,13 +638,15 @@ def compress(
     force: bool = False,
     chunk_mb: float = DEFAULT_CHUNK_MB,
     options: dict[str, Any] | None = None,
+    verify: bool = True,
 ) -> DatasetResult:
     """Write ``output``: ``input`` with each selected next observation stored by a codec.
 
     ``codec="auto"`` picks, per key, the smallest codec whose every row is within
     ``max_abs_error`` (default 0: lossless). Rows a codec cannot store within the bound are kept
     as exception rows in full precision; ``exceptions=False`` refuses the key instead.
-    ``options`` are container write options (``{"h5_compression": "zstd"}``).
+    ``options`` are container write options (``{"h5_compression": "zstd"}``). With
+    ``verify`` (the default) the output is re-read and checked before it is put in place.
     """
     input, output = Path(input), Path(output)
     _check_bound(max_abs_error)
@@ -616,10 +704,13 @@ def compress(
     results: list[KeyResult] = []
 
     def fill(sink: Sink) -> dict[str, Any]:
+        checksums: dict[str, str] = {}
         if not sink.copied:
             for k in order:
                 if k not in new:
-                    job.copy(source.leaves[k], sink.leaves[k])
+                    crc = job.copy(source.leaves[k], sink.leaves[k])
+                    if crc is not None:
+                        checksums[key_str(k)] = crc
         records: list[dict[str, Any]] = []
         for key, c, cands in plans:
             if c is None:
@@ -628,10 +719,10 @@ def compress(
             total = ErrorStats()
             for p in key.pairs:
                 names = {"index": f"k{len(records)}.index", "rows": f"k{len(records)}.rows"}
-                stats = job.encode(p, c, sink, names, exceptions)
+                stats, crcs = job.encode(p, c, sink, names, exceptions)
                 if not exceptions and stats.exception_rows:
                     _refuse(stats, c, input, p)
-                records.append(_record(p, c, key.dtype, stats, names, bound))
+                records.append(_record(p, c, key.dtype, stats, names, bound, crcs))
                 total.merge(stats)
             stored = c.stored_dtype(key.dtype)
             results.append(
@@ -654,11 +745,13 @@ def compress(
             "valid_rows": source.valid_rows,
             "leaf_order": [list(k) for k in source.leaves],
             "options": options,
+            "checksums": checksums,
             "keys": records,
         }
 
+    check = (lambda tmp: _verify_written(tmp, chunk_mb)) if verify else None
     try:
-        _write(fmt, source, output, plan, fill, force)
+        _write(fmt, source, output, plan, fill, force, check)
     finally:
         fmt.close(source)
     return DatasetResult(
@@ -698,8 +791,9 @@ def _record(
     stats: ErrorStats,
     names: dict[str, str],
     bound: float | None,
+    crcs: dict[str, str],
 ) -> dict[str, Any]:
-    """The metadata of one stored pair: everything inflate and report need."""
+    """The metadata of one stored pair: everything inflate, report and verify need."""
     stored = codec.stored_dtype(dtype)
     return {
         "key": pair.name,
@@ -717,6 +811,7 @@ def _record(
         "max_abs_error": stats.max_abs_error,
         "rmse": stats.rmse,
         "max_rel_error": stats.max_rel_error,
+        "crc32": crcs,
     }
 
 
@@ -949,3 +1044,61 @@ def report(
         fmt.close(source)
     saved = sum(k.bytes_before - k.bytes_after for k in results)
     return DatasetResult("report", str(input), None, fmt.name, False, size, size - saved, results)
+
+
+def _check_dataset(source: Source, meta: dict[str, Any], chunk_mb: float) -> list[_Stored]:
+    """Check every recorded checksum of a compressed source; raise on the first bad leaf."""
+    stored = _stored_pairs(source, meta)
+    time_dim = int(meta.get("time_dim", source.batch_dims - 1))
+    job = _job(source, time_dim, chunk_mb, None)
+    for name, expected in (meta.get("checksums") or {}).items():
+        leaf = source.leaves.get(tuple(name.split("/")))
+        if leaf is None:
+            raise DataError(
+                "leaf named in the metadata is missing",
+                file=source.path,
+                key=name,
+                hint="the compressed dataset is damaged or was edited",
+            )
+        found = job.copy(leaf, None)
+        if found != expected:
+            raise DataError(
+                f"checksum mismatch (recorded {expected}, found {found})",
+                file=source.path,
+                key=name,
+                hint="the compressed dataset is damaged; restore it from a copy",
+            )
+    for s in stored:
+        job.check(s)
+    return stored
+
+
+def verify(input: Path, *, chunk_mb: float = DEFAULT_CHUNK_MB) -> DatasetResult:
+    """Re-read a compressed dataset and check its metadata and every recorded checksum,
+    rebuilding the next observations as ``inflate`` would. Raises on the first bad leaf."""
+    input = Path(input)
+    fmt, source = _open(input)
+    try:
+        stored = _check_dataset(source, read_meta(source), chunk_mb)
+        keys = _recorded_results(source, stored, restored=False)
+    finally:
+        fmt.close(source)
+    size = disk_size(input)
+    return DatasetResult("verify", str(input), None, fmt.name, True, size, size, keys)
+
+
+def _verify_written(path: Path, chunk_mb: float) -> None:
+    """Check a freshly written output before it is renamed into place."""
+    fmt = detect(path)
+    source = fmt.open(path)
+    try:
+        _check_dataset(source, read_meta(source), chunk_mb)
+    except ObsdeltaError as exc:
+        raise DataError(
+            f"the output failed verification before it was put in place: {exc.message}",
+            file=path,
+            key=exc.key,
+            hint="nothing was written; please report this",
+        ) from None
+    finally:
+        fmt.close(source)

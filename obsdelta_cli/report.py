@@ -162,4 +162,6 @@ def render(result: DatasetResult, console: Console) -> None:
     )
     if result.command == "report" and not result.compressed:
         total += "; estimate for the codecs marked *; auto marks what --codec auto picks"
+    if result.command == "verify":
+        total += "; verified: metadata sound, every checksum matches, every key rebuilt"
     console.print(total)
