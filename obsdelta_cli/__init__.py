@@ -10,6 +10,6 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .errors import ObsdeltaError
-from .pipeline import compress, inflate, report
+from .pipeline import compress, inflate, report, verify
 
 __all__ = ["ObsdeltaError", "__version__", "compress", "inflate", "report", "verify"]

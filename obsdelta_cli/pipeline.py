@@ -957,12 +957,15 @@ def inflate(
                 )
         plan = Plan(order, new, options=dict(meta.get("options") or {}))
 
+        checksums = meta.get("checksums") or {}
+
         def fill(sink: Sink) -> None:
             for key in order:
                 if key in rebuilt:
                     job.decode(rebuilt[key], sink.leaves[key])
                 elif not sink.copied:
-                    job.copy(source.leaves[key], sink.leaves[key])
+                    found = job.copy(source.leaves[key], sink.leaves[key])
+                    _expect_leaf(checksums, key, found, input)
 
         _write(fmt, source, output, plan, fill, force)
         keys = _recorded_results(source, stored, restored=True)
@@ -1046,13 +1049,27 @@ def report(
     return DatasetResult("report", str(input), None, fmt.name, False, size, size - saved, results)
 
 
+def _expect_leaf(checksums: dict[str, str], key: Key, found: str | None, file: Path) -> None:
+    """Compare a copied leaf's CRC-32 with the one recorded at compress time, if any."""
+    expected = checksums.get(key_str(key))
+    if expected is not None and found != expected:
+        raise DataError(
+            f"checksum mismatch (recorded {expected}, found {found})",
+            file=file,
+            key=key_str(key),
+            hint="the compressed dataset is damaged; restore it from a copy",
+        )
+
+
 def _check_dataset(source: Source, meta: dict[str, Any], chunk_mb: float) -> list[_Stored]:
     """Check every recorded checksum of a compressed source; raise on the first bad leaf."""
     stored = _stored_pairs(source, meta)
     time_dim = int(meta.get("time_dim", source.batch_dims - 1))
     job = _job(source, time_dim, chunk_mb, None)
-    for name, expected in (meta.get("checksums") or {}).items():
-        leaf = source.leaves.get(tuple(name.split("/")))
+    checksums = meta.get("checksums") or {}
+    for name in checksums:
+        key = tuple(name.split("/"))
+        leaf = source.leaves.get(key)
         if leaf is None:
             raise DataError(
                 "leaf named in the metadata is missing",
@@ -1060,14 +1077,7 @@ def _check_dataset(source: Source, meta: dict[str, Any], chunk_mb: float) -> lis
                 key=name,
                 hint="the compressed dataset is damaged or was edited",
             )
-        found = job.copy(leaf, None)
-        if found != expected:
-            raise DataError(
-                f"checksum mismatch (recorded {expected}, found {found})",
-                file=source.path,
-                key=name,
-                hint="the compressed dataset is damaged; restore it from a copy",
-            )
+        _expect_leaf(checksums, key, job.copy(leaf, None), source.path)
     for s in stored:
         job.check(s)
     return stored

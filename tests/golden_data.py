@@ -1,0 +1,78 @@
+"""Golden fixtures: small compressed datasets, one per format and codec, committed under
+``tests/golden/`` with the SHA-256 of every leaf their inflated form must have. Later versions of
+obsdelta must still inflate them to exactly these bytes.
+
+Regenerate (only when the stored format changes on purpose, with a new format version)::
+
+    python -m tests.golden_data
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from obsdelta_cli import compress, inflate
+from obsdelta_cli.formats import detect, key_str
+from obsdelta_cli.formats.leaf import as_rows, is_data
+
+from .writers import WRITERS
+
+GOLDEN = Path(__file__).parent / "golden"
+FORMATS = ["ted-memmap", "ted-pt", "torchrl-rb", "d4rl-hdf5", "robomimic-hdf5", "ted-hdf5"]
+CODECS = {"exact": None, "fp16": None, "bf16": None, "fp32": None, "q16": 1e-3, "q8": 1e-2}
+
+
+def leaf_hashes(path: Path) -> dict[str, str]:
+    """SHA-256 of every array leaf of a dataset, read through obsdelta's own adapters."""
+    fmt = detect(path)
+    source = fmt.open(path)
+    try:
+        out = {}
+        for key, leaf in source.leaves.items():
+            if is_data(leaf):
+                rows = as_rows(leaf, source.batch_dims)
+                data = torch.as_tensor(rows[0 : rows.shape[0]]).contiguous()
+                out[key_str(key)] = hashlib.sha256(data.view(torch.uint8).numpy()).hexdigest()
+        return out
+    finally:
+        fmt.close(source)
+
+
+def sample() -> TensorDictBase:
+    """96 rows of the Hopper rollout around an episode end, in float32 and float64."""
+    hopper = TensorDict.load_memmap(Path(__file__).parents[1] / "sample_data/hopper_ted").clone()
+    end = int(hopper["next", "done"].reshape(-1).nonzero()[0])
+    td = hopper[max(0, end - 60) : max(0, end - 60) + 96].clone()
+    return td
+
+
+def main() -> None:
+    if GOLDEN.exists():
+        shutil.rmtree(GOLDEN)
+    GOLDEN.mkdir()
+    expected: dict[str, dict[str, object]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for fmt in FORMATS:
+            src = WRITERS[fmt](sample(), Path(tmp) / fmt)
+            original = leaf_hashes(src)
+            for codec, bound in CODECS.items():
+                name = f"{fmt}-{codec}{src.suffix}"
+                compress(src, GOLDEN / name, codec=codec, max_abs_error=bound)
+                back = Path(tmp) / f"back-{name}"
+                inflate(GOLDEN / name, back)
+                inflated = leaf_hashes(back)
+                if codec == "exact":
+                    assert inflated == original, name
+                expected[name] = {"codec": codec, "format": fmt, "inflated": inflated}
+    (GOLDEN / "expected.json").write_text(json.dumps(expected, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()
