@@ -72,6 +72,8 @@ class DatasetResult:
     #: A plain-language remark (e.g. why there is nothing to compress).
     note: str | None = None
     schema: str = SCHEMA
+    #: Always true here; a failed input's JSON line has ``"ok": false`` and ``"error"``.
+    ok: bool = True
 
     def to_json(self) -> str:
         """One line of JSON; optional fields that do not apply are left out."""
@@ -86,7 +88,7 @@ class DatasetResult:
 
 
 def _ordered(data: dict[str, Any]) -> dict[str, Any]:
-    first = ("schema", "command", "input", "output", "format", "compressed")
+    first = ("schema", "command", "input", "output", "ok", "format", "compressed")
     return {k: data[k] for k in first} | {k: v for k, v in data.items() if k not in first}
 
 
