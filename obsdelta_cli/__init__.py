@@ -9,7 +9,18 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .dataset import ObsdeltaDataset, collate, open_dataset
 from .errors import ObsdeltaError
 from .pipeline import compress, inflate, report, verify
 
-__all__ = ["ObsdeltaError", "__version__", "compress", "inflate", "report", "verify"]
+__all__ = [
+    "ObsdeltaDataset",
+    "ObsdeltaError",
+    "__version__",
+    "collate",
+    "compress",
+    "inflate",
+    "open_dataset",
+    "report",
+    "verify",
+]
