@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from tensordict import TensorDict, TensorDictBase
 
-from obsdelta_cli import compress
+from obsdelta_cli import compress, inflate
 
 rl_data = pytest.importorskip("torchrl.data")
 rl_transforms = pytest.importorskip("torchrl.envs.transforms")
@@ -47,11 +49,40 @@ def test_torchrl_rebuilds_within_reported_error(
     batch = _sample_all(compressed, keys, tmp_path / "scratch")
     order = batch["index"]
     assert sorted(order.tolist()) == list(range(original.shape[0]))
+    inflate(tmp_path / "small", tmp_path / "back")
+    inflated = TensorDict.load_memmap(tmp_path / "back")
     for key in keys:
         rebuilt = batch["next", *key]
         truth = original["next", *key][order]
         assert rebuilt.dtype == truth.dtype
         err = float((rebuilt.double() - truth.double()).abs().max())
         assert 0 < err <= reported["/".join(("next", *key))]
+        # TorchRL's own transform and obsdelta's inflate agree bit for bit.
+        assert torch.equal(rebuilt, inflated["next", *key][order])
         # The transform leaves only its empty delta node behind; obsdelta's inflate leaves none.
         assert ("next", "delta", *key) not in batch.keys(True, True)
+
+
+def test_d4rl_reader_reads_the_inflated_file_unchanged(tmp_path: Path) -> None:
+    """What d4rl's get_dataset does: every dataset of the file, read with plain h5py."""
+    import h5py
+
+    from .conftest import SAMPLE
+
+    def get_dataset(path: Path) -> dict[str, object]:
+        out: dict[str, object] = {}
+        with h5py.File(path, "r") as f:
+            f.visititems(
+                lambda k, v: out.__setitem__(k, v[()]) if isinstance(v, h5py.Dataset) else None
+            )
+        return out
+
+    original = SAMPLE / "hopper_d4rl.hdf5"
+    compress(original, tmp_path / "s.hdf5", codec="exact")
+    inflate(tmp_path / "s.hdf5", tmp_path / "back.hdf5")
+    want, got = get_dataset(original), get_dataset(tmp_path / "back.hdf5")
+    assert list(got) == list(want)
+    for name, value in want.items():
+        assert type(got[name]) is type(value)
+        assert getattr(got[name], "dtype", None) == getattr(value, "dtype", None)
+        assert np.asarray(got[name]).tobytes() == np.asarray(value).tobytes(), name
