@@ -21,8 +21,10 @@ from rich.table import Table
 from . import __version__, pipeline
 from .batch import Job, Outcome, outputs_for, run_all
 from .codecs import AUTO, CODECS, DEFAULT_CODEC
-from .errors import ObsdeltaError
+from .errors import ObsdeltaError, UsageError
 from .formats.hdf5 import H5_COMPRESSIONS
+from .plot import check_plotting, plot_report
+from .progress import Progress, RichProgress, showing
 from .report import SCHEMA, render
 
 # Enums let Typer validate choices (exit code 2) and list them in --help.
@@ -178,6 +180,7 @@ def _run(
     quiet: bool,
     jobs: int = 1,
     scheduler: str | None = None,
+    plot: Path | None = None,
 ) -> None:
     """Run a command on every input; print each result, or its error as one line on stderr.
 
@@ -185,15 +188,23 @@ def _run(
     """
     outcomes: list[Outcome] = []
     try:
+        if plot is not None:
+            if len(inputs) != 1:
+                raise UsageError("--plot takes one input", hint="run report once per input")
+            check_plotting(plot)
         output = None if output_arg is None else Path(output_arg)
         folder = output_arg is not None and (len(inputs) > 1 or output_arg.endswith("/"))
         outputs = outputs_for(inputs, output, folder=folder)
         if folder and output is not None:
             output.mkdir(exist_ok=True)
         todo = [Job(command, i, o, options) for i, o in zip(inputs, outputs, strict=True)]
-        for outcome in run_all(todo, workers=jobs, scheduler=scheduler):
-            outcomes.append(outcome)
-            _show(outcome, as_json=as_json, quiet=quiet)
+        bars = not (as_json or quiet) and _console(stderr=True).is_terminal
+        with showing(RichProgress(command) if bars else Progress()):
+            for outcome in run_all(todo, workers=jobs, scheduler=scheduler):
+                outcomes.append(outcome)
+                _show(outcome, as_json=as_json, quiet=quiet)
+        if plot is not None and outcomes[0].result is not None:
+            plot_report(outcomes[0].result, plot)
     except ObsdeltaError as exc:
         print(f"obsdelta: error: {exc}", file=sys.stderr)
         raise typer.Exit(exc.exit_code) from None
@@ -322,6 +333,14 @@ def report(
     key: KeyOpt = None,
     max_abs_error: BoundOpt = None,
     time_dim: TimeDimOpt = -1,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot",
+            help="Also draw sizes per key and codec and the error per dimension to this PNG "
+            "(needs matplotlib; one input).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
     chunk_mb: ChunkOpt = pipeline.DEFAULT_CHUNK_MB,
     jobs: JobsOpt = 1,
@@ -339,7 +358,15 @@ def report(
         "chunk_mb": chunk_mb,
     }
     _run(
-        "report", input, None, options, as_json=as_json, quiet=False, jobs=jobs, scheduler=scheduler
+        "report",
+        input,
+        None,
+        options,
+        as_json=as_json,
+        quiet=False,
+        jobs=jobs,
+        scheduler=scheduler,
+        plot=plot,
     )
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ from .errors import (
 )
 from .formats import Format, Key, LeafSpec, Pair, Plan, Sink, Source, detect, disk_size, key_str
 from .formats.leaf import FlatRows, as_rows, is_data, nbytes
+from .progress import current
 from .report import Candidate, DatasetResult, KeyResult
 from .stats import ErrorStats, Verdict, judge
 
@@ -313,12 +315,14 @@ class _Job:
         rows = self.rows(pair)
         obs = self.flat(self.source.leaves[pair.obs_key])
         nxt = self.flat(self.source.leaves[pair.next_key])
-        for sl in _slices(obs, rows.valid, self.chunk_bytes, rows.align):
-            if successors:
-                o, succ = _window(obs, sl, rows)
-                yield sl, o, nxt[sl], succ
-            else:
-                yield sl, obs[sl], nxt[sl], None
+        with _reporting(pair, rows, obs) as advance:
+            for sl in _slices(obs, rows.valid, self.chunk_bytes, rows.align):
+                if successors:
+                    o, succ = _window(obs, sl, rows)
+                    yield sl, o, nxt[sl], succ
+                else:
+                    yield sl, obs[sl], nxt[sl], None
+                advance(sl)
 
     def encode(
         self, pair: Pair, codec: Codec, sink: Sink, names: dict[str, str], allow: bool
@@ -368,18 +372,20 @@ class _Job:
         obs = self.flat(self.source.leaves[pair.obs_key])
         delta = self.flat(self.source.leaves[pair.delta_key]) if codec.stored_dtype(dtype) else None
         index, rows_at = self.exceptions(stored, obs.shape[1:])
-        for sl in _slices(obs, rows.valid, self.chunk_bytes, rows.align):
-            if codec.uses_successor:
-                o, succ = _window(obs, sl, rows)
-            else:
-                o, succ = obs[sl], None
-            rebuilt = codec.decode(o, None if delta is None else delta[sl], succ, dtype)
-            if index is not None and rows_at is not None:
-                bounds = torch.tensor([sl.start, sl.stop])
-                lo, hi = torch.searchsorted(index, bounds).tolist()
-                if hi > lo:
-                    rebuilt[index[lo:hi] - sl.start] = rows_at[lo:hi]
-            yield sl, rebuilt
+        with _reporting(pair, rows, obs) as advance:
+            for sl in _slices(obs, rows.valid, self.chunk_bytes, rows.align):
+                if codec.uses_successor:
+                    o, succ = _window(obs, sl, rows)
+                else:
+                    o, succ = obs[sl], None
+                rebuilt = codec.decode(o, None if delta is None else delta[sl], succ, dtype)
+                if index is not None and rows_at is not None:
+                    bounds = torch.tensor([sl.start, sl.stop])
+                    lo, hi = torch.searchsorted(index, bounds).tolist()
+                    if hi > lo:
+                        rebuilt[index[lo:hi] - sl.start] = rows_at[lo:hi]
+                yield sl, rebuilt
+                advance(sl)
         if rows.valid < rows.total:
             # Rows past a replay buffer's len are not data: they come back as next = obs.
             for sl in _slices(obs, rows.total, self.chunk_bytes, rows.align):
@@ -462,6 +468,18 @@ def _expect(stored: _Stored, name: str, crc: Crc, file: Path, leaf: str | None =
             key=leaf or stored.pair.name,
             hint="the compressed dataset is damaged; restore it from a copy or compress again",
         )
+
+
+@contextmanager
+def _reporting(pair: Pair, rows: Rows, obs: Any) -> Iterator[Callable[[slice], None]]:
+    """A progress task over a pair's valid rows, counted in bytes of next observations."""
+    progress = current()
+    row_bytes = math.prod(obs.shape[1:]) * obs.dtype.itemsize
+    task = progress.task(pair.name, rows.valid * row_bytes)
+    try:
+        yield lambda sl: progress.advance(task, (sl.stop - sl.start) * row_bytes)
+    finally:
+        progress.finish(task)
 
 
 def _job(source: Source, time_dim: int, chunk_mb: float, bound: float | None) -> _Job:
@@ -608,6 +626,7 @@ def _measure_key(job: _Job, key: _Key, bound: float | None) -> tuple[list[Codec]
             max_rel_error=s.max_rel_error,
             exact_rows=s.exact_rows,
             exception_rows=s.exception_rows,
+            feature_max_abs=None if s.feature_max_abs is None else s.feature_max_abs.tolist(),
         )
         for c, s in zip(codecs, totals, strict=True)
     ]

@@ -30,6 +30,8 @@ class Candidate:
     exact_rows: int = 0
     #: Rows stored in full precision because the codec cannot represent them within the bound.
     exception_rows: int = 0
+    #: Largest absolute error per feature (for plots; not part of the JSON).
+    feature_max_abs: list[float] | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -84,6 +86,8 @@ class DatasetResult:
             for optional in ("candidates", "auto_pick"):
                 if key[optional] is None:
                     del key[optional]
+            for candidate in key.get("candidates") or []:
+                del candidate["feature_max_abs"]
         return json.dumps(_ordered(data), allow_nan=False)
 
 

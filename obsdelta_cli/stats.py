@@ -102,6 +102,8 @@ class ErrorStats:
     over_bound_rows: int = 0
     _sum_sq: float = 0.0
     _count: int = 0
+    #: Largest absolute error of each feature (flattened), for per-dimension plots.
+    feature_max_abs: torch.Tensor | None = None
 
     @property
     def rmse(self) -> float:
@@ -122,6 +124,12 @@ class ErrorStats:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.max_abs_error = max(self.max_abs_error, other.max_abs_error)
         self.max_rel_error = max(self.max_rel_error, other.max_rel_error)
+        self._feature_max(other.feature_max_abs)
+
+    def _feature_max(self, values: torch.Tensor | None) -> None:
+        if values is not None:
+            old = self.feature_max_abs
+            self.feature_max_abs = values if old is None else torch.maximum(old, values)
 
     def count(self, verdict: Verdict) -> None:
         """Add the failure counts of a chunk's verdict."""
@@ -138,11 +146,13 @@ class ErrorStats:
         self.exact_rows += int(same.sum())
         self._count += truth.numel()
         if bool(same.all()):
+            self._feature_max(torch.zeros(by_row(truth).shape[1], dtype=torch.float64))
             return
         # Rows that differ are finite by construction (see judge), so the figures are finite.
         t = truth[~same].double()
         err = (rebuilt[~same].double() - t).abs_()
         self.max_abs_error = max(self.max_abs_error, float(err.max()))
+        self._feature_max(by_row(err).amax(dim=0))
         self._sum_sq += float(err.square().sum())
         scale = t.abs()
         nonzero = scale > 0
