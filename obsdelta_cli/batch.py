@@ -54,7 +54,7 @@ def run_job(job: Job) -> Outcome:
     start = time.perf_counter()
     args: tuple[Path, ...] = (job.input,) if job.output is None else (job.input, job.output)
     try:
-        result = COMMANDS[job.command](*args, **job.options)  # type: ignore[operator]
+        result = COMMANDS[job.command](*args, **job.options)
     except ObsdeltaError as exc:
         return Outcome(job, None, str(exc), exc.exit_code, time.perf_counter() - start)
     return Outcome(job, result, None, 0, time.perf_counter() - start)

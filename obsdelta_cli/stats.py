@@ -39,10 +39,16 @@ def bit_equal_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return by_row(a == b).all(dim=1)
 
 
-def _finite_rows(t: torch.Tensor) -> torch.Tensor:
+def _finite_rows(t: torch.Tensor) -> torch.Tensor | None:
+    """Per-row flag: every element finite; ``None`` when the whole chunk is (the usual case)."""
     if not (t.is_floating_point() or t.is_complex()):
-        return torch.ones(t.shape[0], dtype=torch.bool)
-    return by_row(torch.isfinite(t)).all(dim=1)
+        return None
+    finite = torch.isfinite(t)
+    return None if bool(finite.all()) else by_row(finite).all(dim=1)
+
+
+def _both(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    return b if a is None else a if b is None else a & b
 
 
 @dataclass
@@ -50,6 +56,8 @@ class Verdict:
     """Which rows of a chunk a codec represents acceptably, and why the others fail."""
 
     ok: torch.Tensor
+    #: Rows rebuilt bit for bit.
+    same: torch.Tensor
     #: Rows failing because obs or next obs holds NaN/inf.
     nonfinite: int
     #: Rows with finite source whose stored or rebuilt value is not finite (out of range).
@@ -67,24 +75,30 @@ def judge(
     bound: float | None,
     exact: bool,
 ) -> Verdict:
-    """Accept a row if it is rebuilt bit for bit, or else if everything is finite and within
-    ``bound``; with ``exact`` only bit-identical rows pass."""
+    """Accept a row if it is rebuilt bit for bit, or else if what is stored and rebuilt is finite
+    and within ``bound``; with ``exact`` only bit-identical rows pass.
+
+    A non-finite source value always yields a non-finite delta or rebuilt value (or misses the
+    bound), so the source itself is only looked at to say why a row failed.
+    """
     same = bit_equal_rows(rebuilt, next_obs)
     if exact:
-        return Verdict(same, 0, 0, int((~same).sum()))
-    source_ok = _finite_rows(obs) & _finite_rows(next_obs)
-    value_ok = _finite_rows(rebuilt)
-    if stored is not None:
-        value_ok &= _finite_rows(stored)
-    ok = source_ok & value_ok
-    over = torch.zeros_like(ok)
+        return Verdict(same, same, 0, 0, int((~same).sum()))
+    value_ok = _both(_finite_rows(rebuilt), None if stored is None else _finite_rows(stored))
+    ok = torch.ones_like(same) if value_ok is None else value_ok.clone()
+    over = None
     if bound is not None:
-        err = by_row((rebuilt.double() - next_obs.double()).abs_())
-        over = ok & ~(err <= bound).all(dim=1)
+        err = (rebuilt.double() - next_obs.double()).abs_()
+        over = ok & ~by_row(err <= bound).all(dim=1)
         ok &= ~over
-    nonfinite = ~same & ~source_ok
-    overflow = ~same & source_ok & ~value_ok
-    return Verdict(same | ok, int(nonfinite.sum()), int(overflow.sum()), int((over & ~same).sum()))
+    failed = ~(same | ok)
+    if not bool(failed.any()):
+        return Verdict(same | ok, same, 0, 0, 0)
+    source_ok = by_row(torch.isfinite(obs[failed]) & torch.isfinite(next_obs[failed])).all(1)
+    nonfinite = int((~source_ok).sum())
+    overflow = 0 if value_ok is None else int((~value_ok[failed] & source_ok).sum())
+    over_bound = 0 if over is None else int((over[failed] & source_ok).sum())
+    return Verdict(same | ok, same, nonfinite, overflow, over_bound)
 
 
 @dataclass
@@ -137,25 +151,36 @@ class ErrorStats:
         self.overflow_rows += verdict.overflow
         self.over_bound_rows += verdict.over_bound
 
-    def update(self, truth: torch.Tensor, rebuilt: torch.Tensor, *, exceptions: int) -> None:
-        """Add a chunk of final rows ``[n, ...]`` (exception rows already patched in)."""
+    def update(
+        self,
+        truth: torch.Tensor,
+        rebuilt: torch.Tensor,
+        *,
+        exceptions: int,
+        same: torch.Tensor | None = None,
+    ) -> None:
+        """Add a chunk of final rows ``[n, ...]`` (exception rows already patched in);
+        ``same`` flags the rows already known to be bit-identical."""
         n = truth.shape[0]
         self.rows += n
         self.exception_rows += exceptions
-        same = bit_equal_rows(rebuilt, truth)
-        self.exact_rows += int(same.sum())
+        if same is None:
+            same = bit_equal_rows(rebuilt, truth)
+        n_same = int(same.sum())
+        self.exact_rows += n_same
         self._count += truth.numel()
-        if bool(same.all()):
+        if n_same == n:
             self._feature_max(torch.zeros(by_row(truth).shape[1], dtype=torch.float64))
             return
         # Rows that differ are finite by construction (see judge), so the figures are finite.
-        t = truth[~same].double()
-        err = (rebuilt[~same].double() - t).abs_()
+        t, r = (truth, rebuilt) if n_same == 0 else (truth[~same], rebuilt[~same])
+        err = r.to(torch.float64, copy=True)  # never the caller's tensor: it is changed in place
+        err.sub_(t).abs_()  # exact: a float64 difference of two narrower floats
+        flat = by_row(err)
         self.max_abs_error = max(self.max_abs_error, float(err.max()))
-        self._feature_max(by_row(err).amax(dim=0))
-        self._sum_sq += float(err.square().sum())
-        scale = t.abs()
-        nonzero = scale > 0
-        if bool(nonzero.any()):
-            rel = float((err[nonzero] / scale[nonzero]).max())
-            self.max_rel_error = max(self.max_rel_error, rel)
+        self._feature_max(flat.amax(dim=0))
+        self._sum_sq += float(torch.dot(err.reshape(-1), err.reshape(-1)))
+        # Relative to non-zero originals only: x / 0 becomes inf or nan and is dropped.
+        rel = err.div_(t.abs())
+        torch.nan_to_num_(rel, nan=0.0, posinf=0.0)
+        self.max_rel_error = max(self.max_rel_error, float(rel.max()))
