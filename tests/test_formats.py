@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from tensordict import TensorDictBase
 
 from obsdelta_cli.errors import InputError
@@ -45,7 +46,11 @@ def test_open_is_lazy_and_never_writes_through(tmp_path: Path, hopper: TensorDic
     path = WRITERS["ted-memmap"](hopper, tmp_path / "data")
     before = (path / "observation.memmap").read_bytes()
     source = detect(path).open(path)
-    source.leaves[("observation",)].zero_()  # a bug writing to the source must not reach the file
+    leaf = source.leaves[("observation",)]
+    assert torch.equal(leaf.read(10, 20), hopper["observation"][10:20])  # reads rows on demand
+    with pytest.raises(OSError):  # opened read-only: a bug writing to the input fails
+        leaf.write(0, torch.zeros(1, 11))
+    source.handle["observation"].zero_()  # nor does writing through tensordict's own view
     assert (path / "observation.memmap").read_bytes() == before
 
 

@@ -13,6 +13,7 @@ torch.Size([6, 4])
 from __future__ import annotations
 
 import math
+import os
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -83,3 +84,53 @@ def nbytes(leaf: torch.Tensor | LazyLeaf) -> int:
 def is_data(leaf: object) -> bool:
     """Whether ``leaf`` holds array data (not a tensordict ``NonTensorData`` or similar)."""
     return isinstance(leaf, torch.Tensor | LazyLeaf)
+
+
+class FileLeaf(LazyLeaf):
+    """A raw C-order array in a file (a tensordict ``.memmap`` leaf), read and written with
+    ``pread``/``pwrite`` rather than mapped.
+
+    Mapped pages count in the process's memory until they are unmapped; explicit reads keep
+    memory at one chunk whatever the file size, and a read-only descriptor means a bug can never
+    write to an input.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        dtype: torch.dtype,
+        shape: tuple[int, ...],
+        *,
+        writable: bool = False,
+    ) -> None:
+        self.path = os.fspath(path)
+        self.dtype = dtype
+        self.shape = tuple(shape)
+        self.row_bytes = math.prod(shape[1:]) * dtype.itemsize
+        self.fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
+
+    def read(self, start: int, stop: int) -> torch.Tensor:
+        count = max(0, min(stop, self.shape[0]) - start)
+        out = torch.empty(count * self.row_bytes, dtype=torch.uint8)
+        view = out.numpy().data
+        done = 0
+        while done < len(view):  # pread may return less than asked
+            n = os.preadv(self.fd, [view[done:]], start * self.row_bytes + done)
+            if n <= 0:
+                raise OSError(f"{self.path}: unexpected end of file")
+            done += n
+        return out.view(self.dtype).view(count, *self.shape[1:])
+
+    def write(self, start: int, value: torch.Tensor) -> None:
+        raw = value.contiguous().reshape(-1).view(torch.uint8).numpy().data
+        offset, done = start * self.row_bytes, 0
+        while done < len(raw):
+            done += os.pwrite(self.fd, raw[done:], offset + done)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1  # never close a number the system may have reused
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()

@@ -10,6 +10,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .base import ArrayStore, Format, Key, Plan, Sink, Source
+from .leaf import FileLeaf
 
 
 def leaves_of(td: TensorDictBase, prefix: Key = ()) -> dict[Key, Any]:
@@ -30,6 +31,14 @@ def leaves_of(td: TensorDictBase, prefix: Key = ()) -> dict[Key, Any]:
     return out
 
 
+def file_leaf(leaf: Any, *, writable: bool = False) -> Any:
+    """A memmap leaf as a :class:`FileLeaf`; anything else unchanged."""
+    filename = getattr(leaf, "filename", None)
+    if filename is None or not isinstance(leaf, torch.Tensor) or not leaf.is_contiguous():
+        return leaf
+    return FileLeaf(filename, leaf.dtype, tuple(leaf.shape), writable=writable)
+
+
 def _placeholder(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     # A zero-stride tensor: gives the output its shape and dtype without allocating it.
     return torch.zeros((), dtype=dtype).expand(shape)
@@ -41,10 +50,11 @@ class TensorDictFormat(Format):
     def source(
         self, path: Path, td: TensorDictBase, meta: dict[str, Any] | None, **extra: Any
     ) -> Source:
-        """A :class:`Source` over ``td``, keeping ``td`` for :meth:`create`."""
+        """A :class:`Source` over ``td``, keeping ``td`` for :meth:`create`. Leaves stored in
+        files are read with explicit reads (:class:`FileLeaf`), not through their mapping."""
         return Source(
             path=path,
-            leaves=leaves_of(td),
+            leaves={k: file_leaf(v) for k, v in leaves_of(td).items()},
             batch_dims=td.batch_dims,
             meta=meta,
             handle=td,
@@ -53,13 +63,15 @@ class TensorDictFormat(Format):
 
     def create(self, path: Path, source: Source, plan: Plan) -> Sink:
         td: TensorDictBase = source.handle
+        originals = leaves_of(td)
         template = TensorDict(batch_size=td.batch_size, device=td.device)
         for key in plan.order:
             spec = plan.new.get(key)
-            leaf = source.leaves[key] if spec is None else _placeholder(spec.shape, spec.dtype)
+            leaf = originals[key] if spec is None else _placeholder(spec.shape, spec.dtype)
             template.set(key, leaf)
         out, arrays = self.materialise(path, template, source)
-        return Sink(leaves_of(out), arrays, handle=out)
+        leaves = {k: file_leaf(v, writable=True) for k, v in leaves_of(out).items()}
+        return Sink(leaves, arrays, handle=out)
 
     @abstractmethod
     def materialise(

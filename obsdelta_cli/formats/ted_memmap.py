@@ -83,7 +83,9 @@ def _read_only(t: torch.Tensor) -> torch.Tensor:
     if filename is None:
         return t
     private = torch.from_file(str(filename), shared=False, size=t.numel(), dtype=t.dtype)
-    return private.view(t.shape)
+    out = private.view(t.shape)
+    out.filename = filename  # type: ignore[attr-defined]  # read through FileLeaf, by name
+    return out
 
 
 def _in_file_order(td: TensorDictBase, directory: Path) -> TensorDictBase:
