@@ -21,25 +21,21 @@ from .errors import OutputError
 TMP_MARK = ".obsdelta-tmp-"
 
 
-def _fsync_tree(path: Path) -> None:
-    """Flush ``path`` (a file, or every file and folder below it) to stable storage."""
-    paths = [path] if path.is_file() else [*path.rglob("*"), path]
-    for p in paths:
-        if p.is_symlink():
-            continue
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
+def _fsync(path: Path) -> None:
+    """Flush one file or folder entry to stable storage."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fsync_tree(path: Path) -> None:
+    """Flush ``path`` (a file, or every file and folder below it) to stable storage."""
+    paths = [path] if path.is_file() else [*path.rglob("*"), path]
+    for p in paths:
+        if not p.is_symlink():
+            _fsync(p)
 
 
 def _alive(pid: int) -> bool:
@@ -108,7 +104,7 @@ def atomic_output(output: Path, *, source: Path, force: bool) -> Iterator[Path]:
             _remove(old)
         else:
             os.replace(tmp, output)
-        _fsync_dir(output.parent)
+        _fsync(output.parent)
     except BaseException:
         _remove(tmp)
         raise
