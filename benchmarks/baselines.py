@@ -24,6 +24,21 @@ COPY_ROWS = 1 << 16
 D4RL_DELTA = "obsdelta/delta/next_observations"  # where obsdelta stores the delta
 
 
+def copy_rows(src: Any, target: Any, name: str, level: int) -> None:
+    """One dataset rewritten with gzip, in its own chunk shape, by blocks of rows."""
+    out = target.create_dataset(
+        name,
+        shape=src.shape,
+        dtype=src.dtype,
+        chunks=src.chunks or True,
+        compression="gzip",
+        compression_opts=level,
+    )
+    out.attrs.update(src.attrs)
+    for start in range(0, src.shape[0], COPY_ROWS):
+        out[start : start + COPY_ROWS] = src[start : start + COPY_ROWS]
+
+
 def h5_gzip(src: Path, dst: Path, level: int) -> dict[str, Any]:
     """Rewrite an HDF5 file with every dataset gzip-compressed, streaming by blocks of rows."""
     import h5py
@@ -33,21 +48,10 @@ def h5_gzip(src: Path, dst: Path, level: int) -> dict[str, Any]:
         def copy(name: str, obj: h5py.Group | h5py.Dataset) -> None:
             if isinstance(obj, h5py.Group):
                 target.require_group(name).attrs.update(obj.attrs)
-                return
-            out = target.create_dataset(
-                name,
-                shape=obj.shape,
-                dtype=obj.dtype,
-                chunks=obj.chunks or (True if obj.shape else None),
-                compression="gzip" if obj.shape else None,
-                compression_opts=level if obj.shape else None,
-            )
-            out.attrs.update(obj.attrs)
-            if not obj.shape:
-                out[()] = obj[()]
-                return
-            for start in range(0, obj.shape[0], COPY_ROWS):
-                out[start : start + COPY_ROWS] = obj[start : start + COPY_ROWS]
+            elif not obj.shape:  # a scalar: no chunks, hence no filter
+                target.create_dataset(name, data=obj[()]).attrs.update(obj.attrs)
+            else:
+                copy_rows(obj, target, name, level)
 
         target.attrs.update(source.attrs)
         source.visititems(copy)
