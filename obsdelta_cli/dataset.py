@@ -24,16 +24,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
 from torch.utils.data import Dataset
 
 from .errors import UsageError
 from .formats import Key, Source
 from .formats.leaf import FlatRows, is_data
 from .pipeline import _job, _open, _Stored, _stored_pairs, read_meta
+
+if TYPE_CHECKING:  # tensordict costs seconds to import; HDF5 work never needs it
+    from tensordict import TensorDictBase
 
 Reader = Callable[[torch.Tensor], torch.Tensor]
 
@@ -198,6 +200,8 @@ class ObsdeltaDataset(Dataset):
                 if key not in parts:
                     parts[key] = torch.empty((idx.numel(), *values.shape[1:]), dtype=values.dtype)
                 parts[key][mask] = values
+        from tensordict import TensorDict
+
         return TensorDict(dict(parts), batch_size=[idx.numel()])
 
     def __getitems__(self, indices: list[int]) -> TensorDictBase:
@@ -253,6 +257,8 @@ def _robomimic_name(key: Key) -> Key:
 
 def collate(batch: TensorDictBase | list[TensorDictBase]) -> TensorDictBase:
     """``DataLoader`` collate function: a batch read at once passes through; items are stacked."""
+    from tensordict import TensorDictBase
+
     return batch if isinstance(batch, TensorDictBase) else torch.stack(batch)
 
 

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
 
 from .base import ArrayStore, Format, Key, Plan, Sink, Source
 from .leaf import FileLeaf
+
+if TYPE_CHECKING:  # tensordict costs seconds to import; HDF5 work never needs it
+    from tensordict import TensorDictBase
+
+
+def tensordict_module() -> Any:
+    """tensordict, imported on first use (it takes seconds; HDF5 work never needs it)."""
+    import tensordict
+
+    return tensordict
 
 
 def leaves_of(td: TensorDictBase, prefix: Key = ()) -> dict[Key, Any]:
@@ -24,7 +33,7 @@ def leaves_of(td: TensorDictBase, prefix: Key = ()) -> dict[Key, Any]:
     out: dict[Key, Any] = {}
     for name, value in td.items():
         key = (*prefix, name)
-        if isinstance(value, TensorDictBase):
+        if isinstance(value, tensordict_module().TensorDictBase):
             out.update(leaves_of(value, key))
         else:
             out[key] = value
@@ -64,7 +73,7 @@ class TensorDictFormat(Format):
     def create(self, path: Path, source: Source, plan: Plan) -> Sink:
         td: TensorDictBase = source.handle
         originals = leaves_of(td)
-        template = TensorDict(batch_size=td.batch_size, device=td.device)
+        template = tensordict_module().TensorDict(batch_size=td.batch_size, device=td.device)
         for key in plan.order:
             spec = plan.new.get(key)
             leaf = originals[key] if spec is None else _placeholder(spec.shape, spec.dtype)

@@ -11,14 +11,16 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
 
 from ..errors import InputError
 from .base import ARRAYS_DIR, ArrayStore, Sink, Source, read_sidecar, write_sidecar
-from .ted import TensorDictFormat
+from .ted import TensorDictFormat, tensordict_module
+
+if TYPE_CHECKING:  # tensordict costs seconds to import; HDF5 work never needs it
+    from tensordict import TensorDictBase
 
 
 def load_memmap_dir(path: Path) -> TensorDictBase:
@@ -33,7 +35,7 @@ def load_memmap_dir(path: Path) -> TensorDictBase:
     # Before tensordict maps anything: it would silently grow a short leaf file with zeros.
     _check_leaf_files(path)
     try:
-        td = TensorDict.load_memmap(path)
+        td = tensordict_module().TensorDict.load_memmap(path)
     except Exception as exc:  # tensordict raises many types for damaged folders
         raise InputError(
             f"cannot open as a tensordict memmap ({type(exc).__name__}: {exc})",
@@ -104,7 +106,10 @@ def _in_file_order(td: TensorDictBase, directory: Path) -> TensorDictBase:
     out = td.empty()
     for name in names:
         value = td.get(name)
-        if isinstance(value, TensorDictBase) and (directory / name / "meta.json").is_file():
+        if (
+            isinstance(value, tensordict_module().TensorDictBase)
+            and (directory / name / "meta.json").is_file()
+        ):
             value = _in_file_order(value, directory / name)
         out.set(name, value)
     return out

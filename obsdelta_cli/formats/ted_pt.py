@@ -12,14 +12,16 @@ import json
 import pickle
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from tensordict import TensorDictBase
 
 from ..errors import InputError
 from .base import ArrayStore, MemoryArrays, Sink, Source
 from .ted import TensorDictFormat
+
+if TYPE_CHECKING:  # tensordict costs seconds to import; HDF5 work never needs it
+    from tensordict import TensorDictBase
 
 META_KEY = "_obsdelta"
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default format
@@ -47,6 +49,8 @@ class TedPt(TensorDictFormat):
                 file=path,
                 hint="the file is damaged or not a torch.save file",
             ) from None
+        from tensordict import TensorDictBase
+
         if not isinstance(obj, TensorDictBase):
             raise InputError(
                 f"holds a {type(obj).__name__}, not a TensorDict",

@@ -13,14 +13,15 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
-
-from tensordict import TensorDictBase
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
 from .base import ARRAYS_DIR, SIDECAR, ArrayStore, Sink, Source, read_sidecar, write_sidecar
 from .ted import TensorDictFormat
 from .ted_memmap import is_memmap_dir, load_memmap_dir
+
+if TYPE_CHECKING:  # tensordict costs seconds to import; HDF5 work never needs it
+    from tensordict import TensorDictBase
 
 STORAGE = "storage"
 STORAGE_META = "storage_metadata.json"
