@@ -161,7 +161,7 @@ class ObsdeltaDataset(Dataset):
             o = _take(obs, idx)
             succ = None
             if codec.uses_successor:
-                has = geometry.has_successor(0, geometry.total)[idx] if idx.numel() else idx.bool()
+                has = geometry.has_successor(idx)
                 succ = o.clone()
                 if bool(has.any()):
                     succ[has] = _take(obs, idx[has] + geometry.step)

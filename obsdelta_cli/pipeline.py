@@ -212,9 +212,10 @@ class Rows:
             align=per_first,
         )
 
-    def has_successor(self, start: int, stop: int) -> torch.Tensor:
-        r = torch.arange(start, stop)
-        return ((r // self.step) % self.length < self.length - 1) & (r + self.step < self.valid)
+    def has_successor(self, rows: torch.Tensor) -> torch.Tensor:
+        """Per row number in ``rows``: whether it has a successor."""
+        last_step = (rows // self.step) % self.length == self.length - 1
+        return ~last_step & (rows + self.step < self.valid)
 
 
 def _slices(rows: Any, stop: int, chunk_bytes: int, align: int) -> Iterator[slice]:
@@ -242,7 +243,7 @@ def _window(obs: Any, sl: slice, rows: Rows) -> tuple[torch.Tensor, torch.Tensor
     reach = block.shape[0] - rows.step
     if reach > 0:
         successor[:reach] = block[rows.step : rows.step + reach]
-    missing = ~rows.has_successor(sl.start, sl.stop)
+    missing = ~rows.has_successor(torch.arange(sl.start, sl.stop))
     if bool(missing.any()):
         successor[missing] = chunk[missing]
     return chunk, successor
