@@ -615,6 +615,7 @@ class _Key:
         return base + stats.exception_rows * (self.row_bytes + INDEX_BYTES)
 
     def result(self, codec: str, stats: ErrorStats | None, after: int, **extra: Any) -> KeyResult:
+        """The key's result; ``stats`` is ``None`` for a key kept as it is (exact on every row)."""
         return KeyResult(
             key=self.name,
             codec=codec,
@@ -625,14 +626,16 @@ class _Key:
             max_abs_error=0.0 if stats is None else stats.max_abs_error,
             rmse=0.0 if stats is None else stats.rmse,
             max_rel_error=0.0 if stats is None else stats.max_rel_error,
-            rows=0 if stats is None else stats.rows,
-            exact_rows=0 if stats is None else stats.exact_rows,
+            rows=self.total_rows if stats is None else stats.rows,
+            exact_rows=self.total_rows if stats is None else stats.exact_rows,
             exception_rows=0 if stats is None else stats.exception_rows,
             **extra,
         )
 
 
-def _measure_key(job: _Job, key: _Key, bound: float | None) -> tuple[list[Codec], list[Candidate]]:
+def _measure_key(
+    job: _Job, key: _Key, bound: float | None
+) -> tuple[list[Codec], list[Candidate], list[ErrorStats]]:
     codecs = _candidates(key.dtype, bound)
     totals = [ErrorStats() for _ in codecs]
     for p in key.pairs:
@@ -651,7 +654,7 @@ def _measure_key(job: _Job, key: _Key, bound: float | None) -> tuple[list[Codec]
         )
         for c, s in zip(codecs, totals, strict=True)
     ]
-    return codecs, cands
+    return codecs, cands, totals
 
 
 def _auto_pick(candidates: Sequence[Candidate], raw_bytes: int) -> str | None:
@@ -727,7 +730,7 @@ def compress(
         if chosen is not None:
             plans.append((key, chosen, None))
             continue
-        codecs, cands = _measure_key(job, key, bound)
+        codecs, cands, _totals = _measure_key(job, key, bound)
         pick = _auto_pick(cands, key.raw_bytes)
         plans.append((key, next((c for c in codecs if c.id == pick), None), cands))
 
@@ -1062,25 +1065,16 @@ def report(
         job = _job(source, time_dim, chunk_mb, bound)
         results = []
         for key in _Key.group(source, pairs):
-            _codecs, cands = _measure_key(job, key, bound)
+            _codecs, cands, totals = _measure_key(job, key, bound)
             auto_pick = _auto_pick(cands, key.raw_bytes) or "none"
             want = auto_pick if codec == AUTO else codec
-            pick = next((c for c in cands if c.codec == want), None)
-            rows = key.total_rows
+            chosen = next((i for i, c in enumerate(cands) if c.codec == want), None)
+            pick = None if chosen is None else cands[chosen]
             results.append(
-                KeyResult(
-                    key=key.name,
-                    codec=want,
-                    dtype=_dtype_name(key.dtype),
-                    shape=[rows, *key.features],
-                    bytes_before=key.raw_bytes,
-                    bytes_after=key.raw_bytes if pick is None else pick.bytes_after,
-                    max_abs_error=0.0 if pick is None else pick.max_abs_error,
-                    rmse=0.0 if pick is None else pick.rmse,
-                    max_rel_error=0.0 if pick is None else pick.max_rel_error,
-                    rows=rows,
-                    exact_rows=rows if pick is None else pick.exact_rows,
-                    exception_rows=0 if pick is None else pick.exception_rows,
+                key.result(
+                    want,
+                    None if chosen is None else totals[chosen],
+                    key.raw_bytes if pick is None else pick.bytes_after,
                     max_abs_error_bound=bound,
                     candidates=cands,
                     auto_pick=auto_pick,
