@@ -2,16 +2,16 @@
 
 The library API mirrors the commands: :func:`compress`, :func:`inflate`, :func:`report` and
 :func:`verify` take paths and return a :class:`~obsdelta_cli.report.DatasetResult`; failures raise
-:class:`ObsdeltaError`. See :mod:`obsdelta_cli.pipeline` for a runnable example.
+:class:`ObsdeltaError`. See :mod:`obsdelta_cli.commands.compress` for a runnable example.
 """
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
+from .commands import compress, inflate, report, verify
 from .dataset import ObsdeltaDataset, collate, open_dataset
 from .errors import ObsdeltaError
-from .pipeline import compress, inflate, report, verify
 
 __all__ = [
     "ObsdeltaDataset",

@@ -10,21 +10,21 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import pipeline
+from . import commands
 from .errors import ObsdeltaError, UsageError
 from .report import DatasetResult
 
-COMMANDS = {
-    "compress": pipeline.compress,
-    "inflate": pipeline.inflate,
-    "report": pipeline.report,
-    "verify": pipeline.verify,
+COMMANDS: dict[str, Callable[..., DatasetResult]] = {
+    "compress": commands.compress,
+    "inflate": commands.inflate,
+    "report": commands.report,
+    "verify": commands.verify,
 }
 
 

@@ -18,9 +18,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from . import __version__, pipeline
+from . import __version__
 from .batch import Job, Outcome, outputs_for, run_all
 from .codecs import AUTO, CODECS, DEFAULT_CODEC
+from .commands import DEFAULT_CHUNK_MB
 from .errors import ObsdeltaError, UsageError
 from .formats.hdf5 import H5_COMPRESSIONS
 from .plot import check_plotting, plot_report
@@ -264,7 +265,7 @@ def compress(
     ] = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
-    chunk_mb: ChunkOpt = pipeline.DEFAULT_CHUNK_MB,
+    chunk_mb: ChunkOpt = DEFAULT_CHUNK_MB,
     jobs: JobsOpt = 1,
     scheduler: SchedulerOpt = None,
 ) -> None:
@@ -302,7 +303,7 @@ def inflate(
     force: ForceOpt = False,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
-    chunk_mb: ChunkOpt = pipeline.DEFAULT_CHUNK_MB,
+    chunk_mb: ChunkOpt = DEFAULT_CHUNK_MB,
     jobs: JobsOpt = 1,
     scheduler: SchedulerOpt = None,
 ) -> None:
@@ -342,7 +343,7 @@ def report(
         ),
     ] = None,
     as_json: JsonOpt = False,
-    chunk_mb: ChunkOpt = pipeline.DEFAULT_CHUNK_MB,
+    chunk_mb: ChunkOpt = DEFAULT_CHUNK_MB,
     jobs: JobsOpt = 1,
     scheduler: SchedulerOpt = None,
 ) -> None:
@@ -375,7 +376,7 @@ def verify(
     input: InputsArg,
     as_json: JsonOpt = False,
     quiet: QuietOpt = False,
-    chunk_mb: ChunkOpt = pipeline.DEFAULT_CHUNK_MB,
+    chunk_mb: ChunkOpt = DEFAULT_CHUNK_MB,
     jobs: JobsOpt = 1,
     scheduler: SchedulerOpt = None,
 ) -> None:

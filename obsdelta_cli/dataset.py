@@ -22,6 +22,7 @@ torch.Size([256, 11])
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,10 +30,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import Dataset
 
+from .commands.common import manifest_of, open_input, stream_for
 from .errors import UsageError
 from .formats import Key, Source
-from .formats.leaf import FlatRows, is_data
-from .pipeline import _job, _open, _Stored, _stored_pairs, read_meta
+from .formats.leaf import is_data
+from .rebuild import StoredPair, stored_pairs, take
 
 if TYPE_CHECKING:  # tensordict costs seconds to import; HDF5 work never needs it
     from tensordict import TensorDictBase
@@ -55,26 +57,6 @@ ROBOMIMIC_NAMES: dict[str, Key] = {
 }
 
 
-def _take(rows: Any, idx: torch.Tensor) -> torch.Tensor:
-    """Rows ``idx`` of a flat leaf, reading each contiguous run of a lazy leaf once."""
-    if not isinstance(rows, FlatRows):
-        return rows[idx]
-    if idx.numel() == 0:
-        return torch.empty((0, *rows.shape[1:]), dtype=rows.dtype)
-    order = torch.argsort(idx)
-    sorted_idx = idx[order]
-    out = torch.empty((idx.numel(), *rows.shape[1:]), dtype=rows.dtype)
-    # Runs of nearby rows are read as one slice: fewer, larger reads of the HDF5 chunks.
-    breaks = (torch.diff(sorted_idx) > 64).nonzero().flatten() + 1
-    starts = [0, *breaks.tolist()]
-    ends = [*breaks.tolist(), idx.numel()]
-    for a, b in zip(starts, ends, strict=True):
-        lo, hi = int(sorted_idx[a]), int(sorted_idx[b - 1]) + 1
-        block = rows[lo:hi]
-        out[order[a:b]] = block[sorted_idx[a:b] - lo]
-    return out
-
-
 class _Segment:
     """Rows that share one geometry: a whole TED dataset, or one robomimic demo."""
 
@@ -88,19 +70,19 @@ class ObsdeltaDataset(Dataset):
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        fmt, source = _open(self.path)
+        fmt, source = open_input(self.path)
         if fmt.nothing_to_do:
             fmt.close(source)
             raise UsageError(fmt.nothing_to_do, file=self.path)
         self._fmt, self._source = fmt, source
-        meta = read_meta(source) if source.meta is not None else None
-        stored = _stored_pairs(source, meta) if meta is not None else []
-        time_dim = int((meta or {}).get("time_dim", source.batch_dims - 1))
-        self._job = _job(source, time_dim, 64, None)
+        manifest = manifest_of(source) if source.meta is not None else None
+        stored = stored_pairs(source, manifest) if manifest is not None else []
+        time_dim = manifest.time_dim if manifest is not None else source.batch_dims - 1
+        self._stream = stream_for(source, time_dim, 64)
         self._segments = self._build(source, stored, fmt.name)
         self._offsets = torch.tensor([0, *[s.rows for s in self._segments]]).cumsum(0)
 
-    def _build(self, source: Source, stored: list[_Stored], fmt: str) -> list[_Segment]:
+    def _build(self, source: Source, stored: list[StoredPair], fmt: str) -> list[_Segment]:
         rebuilt = {s.pair.next_key: s for s in stored}
         hidden = {s.pair.delta_key for s in stored}
         leaves = {
@@ -113,9 +95,9 @@ class ObsdeltaDataset(Dataset):
             for key in [*leaves, *rebuilt]:
                 if key[0] == "data" and len(key) > 2:
                     demos.setdefault(key[1], {})[key] = key
-            return [
-                self._segment(keys, leaves, rebuilt, _robomimic_name) for keys in demos.values()
-            ]
+            # robomimic's own order: demo_2 before demo_10.
+            ordered = sorted(demos.items(), key=lambda item: _demo_number(item[0]))
+            return [self._segment(keys, leaves, rebuilt, _robomimic_name) for _, keys in ordered]
         rename = _d4rl_name if fmt == "d4rl-hdf5" else _same_name
         return [self._segment({k: k for k in [*leaves, *rebuilt]}, leaves, rebuilt, rename)]
 
@@ -123,57 +105,24 @@ class ObsdeltaDataset(Dataset):
         self,
         keys: dict[Key, Any],
         leaves: dict[Key, Any],
-        rebuilt: dict[Key, _Stored],
+        rebuilt: dict[Key, StoredPair],
         rename: Callable[[Key], Key],
     ) -> _Segment:
+        """The transitions of one geometry. Its rows are those of its observations; datasets
+        of other shapes (policy weights under D4RL's ``metadata/``) are not transitions."""
+        dims = self._source.batch_dims
+        batch = _batch_shape(keys, leaves, rebuilt, dims)
         readers: dict[Key, Reader] = {}
-        rows = None
         for key in keys:
             if key in rebuilt:
-                s = rebuilt[key]
-                readers[rename(key)] = self._decoder(s)
-                count = self._job.rows(s.pair).valid
-            else:
-                flat = self._job.flat(leaves[key])
-                readers[rename(key)] = _reader(flat)
-                first = leaves[key].shape[0]
-                count = (
-                    flat.shape[0]
-                    if self._source.valid_rows is None
-                    else (self._source.valid_rows * (flat.shape[0] // max(1, first)))
-                )
-            rows = count if rows is None else min(rows, count)
+                readers[rename(key)] = rebuilt[key].rebuild(self._source, self._stream).take
+            elif tuple(leaves[key].shape[:dims]) == batch:
+                readers[rename(key)] = _reader(self._stream.flat(leaves[key]))
+        valid = self._source.valid_rows
+        rows = 0 if batch is None else math.prod(batch[1:]) * (batch[0] if valid is None else valid)
         if ("next", "done") not in readers and ("next", "terminated") in readers:
             readers[("next", "done")] = _done(readers)
-        return _Segment(rows or 0, readers)
-
-    def _decoder(self, s: _Stored) -> Reader:
-        """Rows of ``("next", k)`` rebuilt as inflate would: codec, successors, exceptions."""
-        job, pair, codec = self._job, s.pair, s.codec
-        geometry = job.rows(pair)
-        obs = job.flat(self._source.leaves[pair.obs_key])
-        delta = (
-            job.flat(self._source.leaves[pair.delta_key]) if codec.stored_dtype(s.dtype) else None
-        )
-        index, rows_at = job.exceptions(s, obs.shape[1:])
-
-        def read(idx: torch.Tensor) -> torch.Tensor:
-            o = _take(obs, idx)
-            succ = None
-            if codec.uses_successor:
-                has = geometry.has_successor(idx)
-                succ = o.clone()
-                if bool(has.any()):
-                    succ[has] = _take(obs, idx[has] + geometry.step)
-            rebuilt = codec.decode(o, None if delta is None else _take(delta, idx), succ, s.dtype)
-            if index is not None:
-                pos = torch.searchsorted(index, idx).clamp_(max=index.numel() - 1)
-                hit = index[pos] == idx
-                if bool(hit.any()):
-                    rebuilt[hit] = _take(rows_at, pos[hit])
-            return rebuilt
-
-        return read
+        return _Segment(rows, readers)
 
     def __len__(self) -> int:
         return int(self._offsets[-1])
@@ -222,9 +171,33 @@ class ObsdeltaDataset(Dataset):
 
 def _reader(rows: Any) -> Reader:
     def read(idx: torch.Tensor) -> torch.Tensor:
-        return _take(rows, idx)
+        return take(rows, idx)
 
     return read
+
+
+def _batch_shape(
+    keys: dict[Key, Any], leaves: dict[Key, Any], rebuilt: dict[Key, StoredPair], dims: int
+) -> tuple[int, ...] | None:
+    """The batch shape of a segment: that of its observations (the first pair's observation,
+    stored or plain), else the most common leading shape."""
+    for key in keys:
+        if key in rebuilt:
+            return tuple(leaves[rebuilt[key].pair.obs_key].shape[:dims])
+    observations = [k for k in keys if k in leaves and _is_obs_name(k)]
+    if observations:
+        return tuple(leaves[observations[0]].shape[:dims])
+    shapes = [tuple(leaves[k].shape[:dims]) for k in keys if k in leaves]
+    return max(set(shapes), key=shapes.count) if shapes else None
+
+
+def _demo_number(name: str) -> tuple[int, str]:
+    digits = name.rpartition("_")[2]
+    return (int(digits), name) if digits.isdigit() else (-1, name)
+
+
+def _is_obs_name(key: Key) -> bool:
+    return key[-1] in ("observation", "observations") or "obs" in key
 
 
 def _done(readers: dict[Key, Reader]) -> Reader:

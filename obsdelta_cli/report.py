@@ -57,6 +57,8 @@ class KeyResult:
     candidates: list[Candidate] | None = None
     #: What ``--codec auto`` picks for this key (dry-run report only).
     auto_pick: str | None = None
+    #: Every row comes back bit for bit (for a dry run: with the codec marked).
+    lossless: bool | None = None
 
 
 @dataclass

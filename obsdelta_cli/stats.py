@@ -1,12 +1,14 @@
 """Which rebuilt rows are acceptable, and streaming error statistics over a whole key.
 
 Errors are measured in float64 on the very tensors ``inflate`` produces, over every valid row,
-never a sample.
+never a sample. The figures do not depend on how rows are chunked: maxima are exact, and the
+sum behind the RMSE is taken per row, then per fixed block of rows (chunks hold whole blocks),
+and the block sums are added exactly (``math.fsum``).
 
 >>> import torch
 >>> truth = torch.tensor([[0.0, 1.0, 2.0], [1.0, 1.0, 1.0]])
 >>> s = ErrorStats()
->>> s.update(truth, truth + torch.tensor([[0.0, 0.0, 0.5], [0, 0, 0]]), exceptions=0)
+>>> s.update(truth, truth + torch.tensor([[0.0, 0.0, 0.5], [0, 0, 0]]), exceptions=0, block=1)
 >>> s.rows, s.exact_rows, s.max_abs_error, round(s.max_rel_error, 3)
 (2, 1, 0.5, 0.25)
 """
@@ -14,8 +16,9 @@ never a sample.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 _INT_VIEW = {
@@ -114,14 +117,15 @@ class ErrorStats:
     nonfinite_rows: int = 0
     overflow_rows: int = 0
     over_bound_rows: int = 0
-    _sum_sq: float = 0.0
+    #: Sums of squared errors per block of rows, added exactly at the end.
+    _block_sums: list[float] = field(default_factory=list)
     _count: int = 0
     #: Largest absolute error of each feature (flattened), for per-dimension plots.
     feature_max_abs: torch.Tensor | None = None
 
     @property
     def rmse(self) -> float:
-        return math.sqrt(self._sum_sq / self._count) if self._count else 0.0
+        return math.sqrt(math.fsum(self._block_sums) / self._count) if self._count else 0.0
 
     def merge(self, other: ErrorStats) -> None:
         """Fold in the figures of another part of the same key (another demo, say)."""
@@ -132,10 +136,10 @@ class ErrorStats:
             "nonfinite_rows",
             "overflow_rows",
             "over_bound_rows",
-            "_sum_sq",
             "_count",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        self._block_sums.extend(other._block_sums)
         self.max_abs_error = max(self.max_abs_error, other.max_abs_error)
         self.max_rel_error = max(self.max_rel_error, other.max_rel_error)
         self._feature_max(other.feature_max_abs)
@@ -157,10 +161,11 @@ class ErrorStats:
         rebuilt: torch.Tensor,
         *,
         exceptions: int,
+        block: int,
         same: torch.Tensor | None = None,
     ) -> None:
-        """Add a chunk of final rows ``[n, ...]`` (exception rows already patched in);
-        ``same`` flags the rows already known to be bit-identical."""
+        """Add a chunk of final rows ``[n, ...]`` (exception rows already patched in), a whole
+        number of ``block`` rows but for the last; ``same`` flags rows known bit-identical."""
         n = truth.shape[0]
         self.rows += n
         self.exception_rows += exceptions
@@ -179,7 +184,19 @@ class ErrorStats:
         flat = by_row(err)
         self.max_abs_error = max(self.max_abs_error, float(err.max()))
         self._feature_max(flat.amax(dim=0))
-        self._sum_sq += float(torch.dot(err.reshape(-1), err.reshape(-1)))
+        # Per row, then per block: each sum sees the same values in the same order whatever
+        # the chunking, since a chunk never splits a block.
+        row_sums = np.zeros(n, dtype=np.float64)
+        differing = np.square(flat.numpy()).sum(axis=1)
+        if n_same:
+            row_sums[(~same).numpy()] = differing
+        else:
+            row_sums = differing
+        full = n - n % block
+        if full:
+            self._block_sums.extend(row_sums[:full].reshape(-1, block).sum(axis=1).tolist())
+        if full < n:
+            self._block_sums.append(float(row_sums[full:].sum()))
         # Relative to non-zero originals only: x / 0 becomes inf or nan and is dropped.
         rel = err.div_(t.abs())
         torch.nan_to_num_(rel, nan=0.0, posinf=0.0)

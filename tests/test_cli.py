@@ -57,7 +57,7 @@ def test_compress_inflate_report_json(
     before = tree_hash(src)
     small, back = tmp_path / ("small" + src.suffix), tmp_path / ("back" + src.suffix)
 
-    c = _json(cli("compress", src, "-o", small, "--json"))
+    c = _json(cli("compress", src, "-o", small, "--json", "--codec", "fp16"))
     assert (c["command"], c["format"], c["output"]) == ("compress", fmt, str(small))
     assert c["bytes_after"] < c["bytes_before"]
     (key,) = c["keys"]
@@ -76,7 +76,7 @@ def test_report_dry_run_lists_every_codec(cli: Cli) -> None:
     data = _json(cli("report", SAMPLE / "hopper_ted", "--max-abs-error", "1e-3", "--json"))
     (key,) = data["keys"]
     assert [c["codec"] for c in key["candidates"]] == list(CODECS)
-    assert key["auto_pick"] == "exact" and key["codec"] == "fp16"
+    assert key["auto_pick"] == "exact" and key["codec"] == "exact"
     assert all(
         {"codec", "bytes_after", "max_abs_error", "rmse"} <= set(c) for c in key["candidates"]
     )
@@ -84,9 +84,9 @@ def test_report_dry_run_lists_every_codec(cli: Cli) -> None:
 
 def test_tables_for_people(cli: Cli, tmp_path: Path) -> None:
     out = cli("compress", SAMPLE / "hopper_ted", "-o", tmp_path / "small").stdout
-    assert "next/observation" in out and "fp16" in out and "dataset on disk" in out
+    assert "next/observation" in out and "exact" in out and "dataset on disk" in out
     dry = cli("report", SAMPLE / "halfcheetah_ted.pt", "-e", "0.01").stdout
-    assert all(c in dry for c in CODECS) and "estimate" in dry and "exact auto" in dry
+    assert all(c in dry for c in CODECS) and "estimate" in dry and "exact * auto" in dry
     assert cli("inflate", tmp_path / "small", "-o", tmp_path / "back", "-q").stdout == ""
 
 

@@ -16,6 +16,7 @@ from tensordict import TensorDictBase
 
 from obsdelta_cli import compress, inflate, report
 from obsdelta_cli.formats.hdf5 import H5_COMPRESSIONS
+from obsdelta_cli.manifest import FORMAT_VERSION
 
 from .conftest import SAMPLE, Cli, tree_hash
 from .test_cli_errors import expect_error
@@ -109,7 +110,7 @@ def test_round_trip_keeps_every_object(
             a, b = data(small, name), data(src, name)
             assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), name
     meta = json.loads(h5py.File(small, "r").attrs["obsdelta"])
-    assert meta["format"] == result.format and meta["obsdelta_format"] == 1
+    assert meta["format"] == result.format and meta["obsdelta_format"] == FORMAT_VERSION
 
     inflate(small, back)
     restored = describe(back)

@@ -28,9 +28,11 @@ CODECS: dict[str, type[Codec]] = {
     Int8Delta.id: Int8Delta,
 }
 
-DEFAULT_CODEC = Float16Delta.id
-#: Not a codec: ``--codec auto`` picks, per key, the smallest codec that meets the bound.
+#: Not a codec: ``--codec auto`` picks, per key, the smallest codec that meets the bound
+#: (without a bound: the smallest lossless one, or none where nothing beats the raw bytes).
 AUTO = "auto"
+#: Lossless unless asked otherwise.
+DEFAULT_CODEC = AUTO
 
 
 def make_codec(codec_id: str, max_abs_error: float | None = None) -> Codec:

@@ -178,6 +178,8 @@ def _create(
     maxshape: tuple[int | None, ...],
     dcpl: h5py.h5p.PropDCID,
 ) -> h5py.Dataset:
+    # No modification times: the same input and flags give the same bytes.
+    dcpl.set_obj_track_times(False)
     unlimited = tuple(h5py.h5s.UNLIMITED if m is None else m for m in maxshape)
     space = h5py.h5s.create_simple(shape, unlimited)
     tid = h5py.h5t.py_create(dtype, logical=True)
@@ -229,6 +231,7 @@ class H5Arrays(ArrayStore):
                 maxshape=(None, *feats),
                 dtype=array.dtype,
                 chunks=(chunk_rows, *feats),
+                track_times=False,
                 **self.kwargs,
             )
             if rows.dtype == torch.bfloat16:
@@ -294,7 +297,9 @@ class HDF5Format(Format):
 
     def create(self, path: Path, source: Source, plan: Plan) -> Sink:
         src: h5py.File = source.handle
-        out = h5py.File(path, "w", libver=src.libver)
+        # No chunk cache: each chunk goes to disk as soon as it is whole, in row order, so the
+        # file is laid out the same whatever the size of the writes.
+        out = h5py.File(path, "w", libver=src.libver, rdcc_nbytes=0)
         try:
             return self._fill_structure(src, out, path, source, plan)
         except BaseException:
@@ -348,12 +353,12 @@ class HDF5Format(Format):
                 rows = original.chunks[0] if original.chunks else None
                 chunks = (rows, *spec.shape[1:]) if rows else True
                 ds = group.create_dataset(
-                    name, shape=spec.shape, dtype=dtype, chunks=chunks, **kwargs
+                    name, shape=spec.shape, dtype=dtype, chunks=chunks, track_times=False, **kwargs
                 )
         else:  # inflate: recreate the original from its recorded layout
             layout = src.get(f"{OWN}/layout/{path}")
             if layout is None:
-                ds = group.create_dataset(name, shape=spec.shape, dtype=dtype)
+                ds = group.create_dataset(name, shape=spec.shape, dtype=dtype, track_times=False)
             else:
                 maxshape = tuple(layouts.get(path, {}).get("maxshape") or spec.shape)
                 dcpl = dcpl_like(layout.id.get_create_plist(), True)

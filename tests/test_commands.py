@@ -15,7 +15,7 @@ from tensordict import TensorDict, TensorDictBase
 from obsdelta_cli import compress, inflate, report
 from obsdelta_cli.codecs import CODECS, make_codec
 from obsdelta_cli.errors import DataError, UsageError
-from obsdelta_cli.pipeline import FORMAT_VERSION
+from obsdelta_cli.manifest import FORMAT_VERSION
 from obsdelta_cli.stats import bit_equal_rows
 
 from .conftest import read_any
@@ -209,9 +209,14 @@ def test_default_selection_depends_on_the_codec(
     src = WRITERS["ted-memmap"](td, tmp_path / "in")
     # Cast codecs skip integer leaves (subtracting uint8 wraps); exact encodes them; bool flags
     # such as done/terminated are never observations.
-    assert [k.key for k in compress(src, tmp_path / "a").keys] == ["next/observation"]
+    assert [k.key for k in compress(src, tmp_path / "a", codec="fp16").keys] == ["next/observation"]
     exact = compress(src, tmp_path / "b", codec="exact").keys
     assert [k.key for k in exact] == ["next/observation", "next/pixels"]
+    lossless = compress(src, tmp_path / "c").keys  # the default
+    assert [(k.key, k.codec, k.lossless) for k in lossless] == [
+        ("next/observation", "exact", True),
+        ("next/pixels", "exact", True),
+    ]
 
 
 def test_key_option_accepts_next_prefix(tmp_path: Path, hopper: TensorDictBase) -> None:
@@ -228,9 +233,9 @@ def test_overflow_becomes_exception_rows_or_is_refused(
     td["next", "observation"][10:13] = 1e6
     src = WRITERS["ted-memmap"](td, tmp_path / "in")
     with pytest.raises(DataError, match=r"3 of 3000 rows .*beyond fp16's range.* --codec fp32"):
-        compress(src, tmp_path / "out", exceptions=False)
+        compress(src, tmp_path / "out", codec="fp16", exceptions=False)
     assert not (tmp_path / "out").exists()
-    (key,) = compress(src, tmp_path / "out").keys
+    (key,) = compress(src, tmp_path / "out", codec="fp16").keys
     assert key.exception_rows == 3
     stored = TensorDict.load_memmap(tmp_path / "out")["next", "delta", "observation"]
     assert bool(torch.isfinite(stored).all())
@@ -241,7 +246,7 @@ def test_overflow_becomes_exception_rows_or_is_refused(
 
 def test_report_dry_run_matches_compress(tmp_path: Path, cheetah: TensorDictBase) -> None:
     src = WRITERS["ted-pt"](cheetah, tmp_path / "in")
-    dry = report(src)
+    dry = report(src, codec="fp16")
     (key,) = dry.keys
     assert key.auto_pick == "exact"
     assert {c.codec for c in key.candidates or []} == {"exact", "fp16", "bf16", "fp32"}

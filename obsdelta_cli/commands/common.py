@@ -1,0 +1,202 @@
+"""What the commands share: opening an input, reading its manifest, writing an output
+atomically, and turning a manifest into per-key results."""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import torch
+
+from ..atomic import atomic_output
+from ..errors import DataError, InputError, ObsdeltaError, OutputError, UsageError
+from ..formats import Format, Plan, Sink, Source, detect
+from ..manifest import Manifest, parse
+from ..rebuild import StoredPair
+from ..report import KeyResult
+from ..selection import INDEX_BYTES
+from ..stream import Stream
+
+#: Cache-sized chunks: each chunk goes through several passes (encode, decode, checks, hashes)
+#: while it is still in cache. Measured fastest here at 0.5-1 MiB.
+DEFAULT_CHUNK_MB = 1
+# torch and tensordict report failed writes (disk full, no permission, file too large) as
+# RuntimeError; those messages name a file, an open, a resize or a position.
+_IO_FAILURE = re.compile(r"file|open|resize|unexpected pos|write|space|permi", re.IGNORECASE)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def one_thread(command: Callable[P, R]) -> Callable[P, R]:
+    """Run a command with one torch thread: on chunks of a MiB, starting a parallel region for
+    every operation costs more than it saves (measured: 25x slower with two threads here)."""
+
+    @functools.wraps(command)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return command(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+
+    return run
+
+
+def check_bound(max_abs_error: float | None) -> None:
+    if max_abs_error is not None and not (max_abs_error >= 0 and math.isfinite(max_abs_error)):
+        raise UsageError(f"--max-abs-error must be a finite number >= 0, got {max_abs_error}")
+
+
+def open_input(path: Path) -> tuple[Format, Source]:
+    fmt = detect(path)
+    source = fmt.open(path)
+    if source.valid_rows == 0:
+        fmt.close(source)
+        raise DataError(
+            "holds no rows (len 0)", file=path, hint="nothing to do; check the right file was given"
+        )
+    return fmt, source
+
+
+def manifest_of(source: Source) -> Manifest:
+    """The validated manifest of a compressed source."""
+    if source.meta is None:
+        raise InputError(
+            "is not compressed by obsdelta (no obsdelta metadata)",
+            file=source.path,
+            hint="compress it first, or pass the compressed output",
+        )
+    manifest = parse(source.meta, file=source.path)
+    found = {"batch dims": source.batch_dims, "valid rows": source.valid_rows}
+    claimed = {"batch dims": manifest.batch_dims, "valid rows": manifest.valid_rows}
+    for what, value in claimed.items():
+        if value != found[what]:
+            raise InputError(
+                f"metadata says {value} {what}, the data has {found[what]}",
+                file=source.path,
+                hint="the compressed dataset is damaged; restore it from a copy",
+            )
+    return manifest
+
+
+def stream_for(
+    source: Source, time_dim: int, chunk_mb: float, valid_rows: int | None = None
+) -> Stream:
+    if not chunk_mb > 0:
+        raise UsageError(f"--chunk-mb must be positive, got {chunk_mb}")
+    rows = source.valid_rows if valid_rows is None else valid_rows
+    return Stream(source.batch_dims, time_dim, rows, max(1, int(chunk_mb * 2**20)))
+
+
+def write(
+    fmt: Format,
+    source: Source,
+    output: Path,
+    plan: Plan,
+    fill: Callable[[Sink], dict[str, Any] | None],
+    force: bool,
+    check: Callable[[Path], None] | None = None,
+) -> None:
+    """Create ``output`` as ``plan`` says, atomically; ``fill`` writes it and returns the meta,
+    ``check`` re-reads it before it is renamed into place."""
+    try:
+        with atomic_output(output, source=source.path, force=force) as tmp:
+            sink = fmt.create(tmp, source, plan)
+            try:
+                meta = fill(sink)
+                fmt.finish(tmp, sink, meta)
+            except BaseException:
+                fmt.discard(sink)
+                raise
+            if check is not None:
+                check(tmp)
+    except ObsdeltaError:
+        raise
+    except (OSError, RuntimeError) as exc:
+        text = str(exc)
+        if isinstance(exc, RuntimeError) and not _IO_FAILURE.search(text):
+            raise
+        reason = getattr(exc, "strerror", None) or (text.splitlines() or [type(exc).__name__])[0]
+        raise OutputError(
+            f"cannot write ({reason})",
+            file=getattr(exc, "filename", None) or output,
+            hint="check free space and permissions; nothing was written",
+        ) from None
+
+
+def _stored_bytes(source: Source, s: StoredPair, rows: int, features: int) -> int:
+    """Bytes a stored pair takes: on disk where the container tells (HDF5, after its filters),
+    else its values (the stored leaf, exception rows and their index)."""
+    r = s.record
+    leaf = source.leaves.get(s.pair.delta_key) if r.delta_key else None
+    on_disk = [] if leaf is None else [getattr(leaf, "storage_bytes", lambda: None)()]
+    if r.exception_rows and source.arrays is not None and r.arrays is not None:
+        on_disk += [source.arrays.storage_bytes(n) for n in (r.arrays.index, r.arrays.rows)]
+    if on_disk and all(b is not None for b in on_disk):
+        return sum(b for b in on_disk if b is not None)
+    small = r.exception_rows * (INDEX_BYTES + features * s.dtype.itemsize)
+    if r.stored_dtype:
+        small += rows * features * getattr(torch, r.stored_dtype).itemsize
+    return small
+
+
+def recorded_results(
+    source: Source, stored: Sequence[StoredPair], *, restored: bool
+) -> list[KeyResult]:
+    """Per key name, what the manifest recorded at compress time (figures of several parts of
+    one name, robomimic's demos, folded together)."""
+    out: dict[str, KeyResult] = {}
+    sums: dict[str, list[float]] = {}
+    for s in stored:
+        r = s.record
+        obs = source.leaves[s.pair.obs_key]
+        rows = math.prod(obs.shape[: source.batch_dims])
+        features = list(obs.shape[source.batch_dims :])
+        raw = rows * math.prod(features) * s.dtype.itemsize
+        small = _stored_bytes(source, s, rows, math.prod(features))
+        before, after = (small, raw) if restored else (raw, small)
+        sums.setdefault(r.name, []).append(r.error.rmse**2 * r.rows * math.prod(features))
+        k = out.get(r.name)
+        if k is None:
+            out[r.name] = KeyResult(
+                key=r.name,
+                codec=s.codec.id,
+                dtype=str(s.dtype).removeprefix("torch."),
+                shape=[rows, *features],
+                bytes_before=before,
+                bytes_after=after,
+                max_abs_error=r.error.max_abs,
+                rmse=r.error.rmse,
+                max_rel_error=r.error.max_rel,
+                rows=r.rows,
+                exact_rows=r.exact_rows,
+                exception_rows=r.exception_rows,
+                stored_dtype=r.stored_dtype,
+                delta_key="/".join(r.delta_key) if r.delta_key else None,
+                max_abs_error_bound=r.bound,
+                lossless=r.lossless,
+            )
+            continue
+        k.shape[0] += rows
+        k.bytes_before += before
+        k.bytes_after += after
+        k.max_abs_error = max(k.max_abs_error or 0.0, r.error.max_abs)
+        k.max_rel_error = max(k.max_rel_error or 0.0, r.error.max_rel)
+        k.rows += r.rows
+        k.exact_rows += r.exact_rows
+        k.exception_rows += r.exception_rows
+        k.lossless = bool(k.lossless) and r.lossless
+        count = k.rows * math.prod(k.shape[1:])
+        k.rmse = math.sqrt(math.fsum(sums[r.name]) / count) if count else 0.0
+    return list(out.values())
+
+
+def original_size(size: int, keys: Sequence[KeyResult]) -> int:
+    """Bytes the plain dataset had, from a compressed one's size and its per-key figures."""
+    return size + sum(k.bytes_before - k.bytes_after for k in keys)

@@ -1,0 +1,308 @@
+"""``compress``: replace each selected next observation by what a codec stores.
+
+>>> import tempfile, pathlib, torch
+>>> from tensordict import TensorDict
+>>> d = pathlib.Path(tempfile.mkdtemp())
+>>> obs = torch.arange(12.0).reshape(4, 3)
+>>> td = TensorDict({"observation": obs, "next": {"observation": obs + 0.5}}, batch_size=[4])
+>>> _ = td.memmap(d / "run")
+>>> res = compress(d / "run", d / "small", codec="fp16")
+>>> res.keys[0].key, res.keys[0].codec, res.keys[0].max_abs_error, res.keys[0].lossless
+('next/observation', 'fp16', 0.0, False)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..codecs import AUTO, DEFAULT_CODEC, Codec, make_codec
+from ..errors import DataError, InputError, UsageError
+from ..formats import Key, LeafSpec, Pair, Plan, Sink, Source, disk_size, key_str
+from ..manifest import HASH_ALGORITHM, ArrayNames, Error, KeyRecord, Manifest
+from ..report import Candidate, DatasetResult, KeyResult
+from ..selection import KeyGroup, candidates, check_time_dim, dtype_name, select_pairs
+from ..stats import ErrorStats
+from ..stream import Stream
+from .common import DEFAULT_CHUNK_MB, check_bound, one_thread, open_input, stream_for, write
+from .encode import encode_pair, measure_pair
+from .verify import verify_written
+
+
+def key_result(
+    key: KeyGroup,
+    codec: str,
+    stats: ErrorStats | None,
+    after: int,
+    *,
+    lossless: bool,
+    **extra: Any,
+) -> KeyResult:
+    """A key's result; ``stats`` is ``None`` for a key kept as it is (exact on every row).
+    ``lossless``: every row is guaranteed to come back bit for bit."""
+    return KeyResult(
+        key=key.name,
+        codec=codec,
+        dtype=dtype_name(key.dtype),
+        shape=[key.total_rows, *key.features],
+        bytes_before=key.raw_bytes,
+        bytes_after=after,
+        max_abs_error=0.0 if stats is None else stats.max_abs_error,
+        rmse=0.0 if stats is None else stats.rmse,
+        max_rel_error=0.0 if stats is None else stats.max_rel_error,
+        rows=key.total_rows if stats is None else stats.rows,
+        exact_rows=key.total_rows if stats is None else stats.exact_rows,
+        exception_rows=0 if stats is None else stats.exception_rows,
+        lossless=lossless,
+        **extra,
+    )
+
+
+def measure_key(
+    stream: Stream, source: Source, key: KeyGroup, bound: float | None
+) -> tuple[list[Codec], list[Candidate], list[ErrorStats]]:
+    """Every candidate codec's figures on every pair of ``key``."""
+    codecs = candidates(key.dtype, bound)
+    totals = [ErrorStats() for _ in codecs]
+    for p in key.pairs:
+        for total, s in zip(totals, measure_pair(stream, source, p, codecs, bound), strict=True):
+            total.merge(s)
+    cands = [
+        Candidate(
+            codec=c.id,
+            bytes_after=key.bytes_after(c, s.exception_rows),
+            max_abs_error=s.max_abs_error,
+            rmse=s.rmse,
+            max_rel_error=s.max_rel_error,
+            exact_rows=s.exact_rows,
+            exception_rows=s.exception_rows,
+            feature_max_abs=None if s.feature_max_abs is None else s.feature_max_abs.tolist(),
+        )
+        for c, s in zip(codecs, totals, strict=True)
+    ]
+    return codecs, cands, totals
+
+
+def auto_pick(cands: Sequence[Candidate], raw_bytes: int) -> str | None:
+    """The smallest candidate (ties: the more accurate), or ``None`` if none beats raw."""
+    if not cands:
+        return None
+    best = min(cands, key=lambda c: (c.bytes_after, c.max_abs_error))
+    return best.codec if best.bytes_after < raw_bytes else None
+
+
+def _refuse(stats: ErrorStats, codec: Codec, file: Path, pair: Pair) -> None:
+    reasons = []
+    if stats.nonfinite_rows:
+        reasons.append(f"{stats.nonfinite_rows} hold NaN or inf")
+    if stats.overflow_rows:
+        reasons.append(f"{stats.overflow_rows} have a delta beyond {codec.id}'s range")
+    if stats.over_bound_rows:
+        reasons.append(f"{stats.over_bound_rows} exceed --max-abs-error")
+    wider = "; or use --codec fp32" if stats.overflow_rows and codec.id != "fp32" else ""
+    raise DataError(
+        f"{stats.exception_rows} of {stats.rows} rows cannot be stored by {codec.id} "
+        f"({', '.join(reasons)})",
+        file=file,
+        key=pair.name,
+        hint=f"drop --no-exceptions to store them exactly as exception rows{wider}",
+    )
+
+
+def _record(
+    pair: Pair,
+    codec: Codec,
+    dtype: torch.dtype,
+    stats: ErrorStats,
+    names: ArrayNames,
+    bound: float | None,
+    hashes: dict[str, str],
+) -> KeyRecord:
+    stored = codec.stored_dtype(dtype)
+    return KeyRecord(
+        name=pair.name,
+        obs_key=pair.obs_key,
+        next_key=pair.next_key,
+        delta_key=None if stored is None else pair.delta_key,
+        codec=codec.get_config(),
+        lossless=codec.lossless or bound == 0,
+        bound=bound,
+        source_dtype=dtype_name(dtype),
+        stored_dtype=None if stored is None else dtype_name(stored),
+        rows=stats.rows,
+        exact_rows=stats.exact_rows,
+        exception_rows=stats.exception_rows,
+        arrays=names if stats.exception_rows else None,
+        error=Error(stats.max_abs_error, stats.rmse, stats.max_rel_error),
+        hashes=hashes,
+    )
+
+
+@one_thread
+def compress(
+    input: Path,
+    output: Path,
+    *,
+    codec: str = DEFAULT_CODEC,
+    keys: Sequence[str] | None = None,
+    max_abs_error: float | None = None,
+    exceptions: bool = True,
+    time_dim: int = -1,
+    force: bool = False,
+    chunk_mb: float = DEFAULT_CHUNK_MB,
+    options: dict[str, Any] | None = None,
+    verify: bool = True,
+) -> DatasetResult:
+    """Write ``output``: ``input`` with each selected next observation stored by a codec.
+
+    The default, ``codec="auto"`` without ``max_abs_error``, is lossless: per key ``exact``
+    where it beats the raw bytes, else the key is kept as it is. With ``max_abs_error``,
+    ``auto`` picks per key the smallest codec whose every row is within it. Rows a codec cannot
+    store within the bound are kept exactly as exception rows; ``exceptions=False`` refuses the
+    key instead. ``options`` are container write options (``{"h5_compression": "zstd"}``).
+    With ``verify`` (the default) the output is re-read and checked before it is put in place.
+    """
+    input, output = Path(input), Path(output)
+    check_bound(max_abs_error)
+    auto = codec == AUTO
+    bound = (max_abs_error or 0.0) if auto else max_abs_error
+    chosen = None if auto else make_codec(codec, bound)
+    if chosen is None and not exceptions:
+        raise UsageError(
+            "--no-exceptions needs a delta codec: the lossless default keeps episode "
+            "boundaries as exception rows",
+            hint="add --codec fp16 (or bf16, fp32, q16, q8)",
+        )
+    if chosen is not None and chosen.uses_successor and not exceptions:
+        raise UsageError(
+            f"codec {chosen.id} stores episode boundaries as exception rows",
+            hint="drop --no-exceptions",
+        )
+    fmt, source = open_input(input)
+    try:
+        if fmt.nothing_to_do:
+            raise InputError(fmt.nothing_to_do, file=input, hint="use the dataset as it is")
+        options = {k: v for k, v in (options or {}).items() if v is not None}
+        unknown = set(options) - fmt.options
+        if unknown:
+            raise UsageError(
+                f"option {', '.join(sorted(unknown))} does not apply to {fmt.name}", file=input
+            )
+        if source.meta is not None:
+            raise InputError(
+                "is already compressed by obsdelta",
+                file=input,
+                hint="inflate it, or use it as it is",
+            )
+        time_dim = check_time_dim(source, time_dim)
+
+        def supports(dtype: torch.dtype) -> bool:
+            return bool(candidates(dtype, bound)) if chosen is None else chosen.supports(dtype)
+
+        pairs = select_pairs(fmt.pairs(source), source, keys, supports)
+        stream = stream_for(source, time_dim, chunk_mb)
+        groups = KeyGroup.group(source, pairs)
+        plans: list[tuple[KeyGroup, Codec | None, list[Candidate] | None]] = []
+        for key in groups:
+            if chosen is not None:
+                plans.append((key, chosen, None))
+                continue
+            codecs, cands, _totals = measure_key(stream, source, key, bound)
+            pick = auto_pick(cands, key.raw_bytes)
+            plans.append((key, next((c for c in codecs if c.id == pick), None), cands))
+        results: list[KeyResult] = []
+        plan, fill = _writer(source, fmt.name, stream, plans, bound, exceptions, options, results)
+        check = (lambda tmp: verify_written(tmp, chunk_mb)) if verify else None
+        write(fmt, source, output, plan, fill, force, check)
+    finally:
+        fmt.close(source)
+    return DatasetResult(
+        command="compress",
+        input=str(input),
+        output=str(output),
+        format=fmt.name,
+        compressed=True,
+        bytes_before=disk_size(input),
+        bytes_after=disk_size(output),
+        keys=results,
+    )
+
+
+def _writer(
+    source: Source,
+    container: str,
+    stream: Stream,
+    plans: list[tuple[KeyGroup, Codec | None, list[Candidate] | None]],
+    bound: float | None,
+    exceptions: bool,
+    options: dict[str, Any],
+    results: list[KeyResult],
+) -> tuple[Plan, Any]:
+    """The output's plan, and the function that fills it and returns its manifest."""
+    encoded = [(p, c) for key, c, _ in plans if c is not None for p in key.pairs]
+    replaced = {p.next_key for p, _ in encoded}
+    order = [k for k in source.leaves if k not in replaced]
+    new: dict[Key, LeafSpec] = {}
+    for p, c in encoded:
+        obs = source.leaves[p.obs_key]
+        stored = c.stored_dtype(obs.dtype)
+        if stored is not None:
+            new[p.delta_key] = LeafSpec(tuple(obs.shape), stored, replaces=p.next_key)
+            order.append(p.delta_key)
+    plan = Plan(order, new, sorted(replaced), options)
+
+    def fill(sink: Sink) -> dict[str, Any]:
+        checksums: dict[str, str] = {}
+        if not sink.copied:
+            for k in order:
+                if k not in new:
+                    digest = stream.copy(source.leaves[k], sink.leaves[k], HASH_ALGORITHM)
+                    if digest is not None:
+                        checksums[key_str(k)] = digest
+        records: list[KeyRecord] = []
+        for key, c, cands in plans:
+            if c is None:
+                results.append(
+                    key_result(key, "none", None, key.raw_bytes, lossless=True, candidates=cands)
+                )
+                continue
+            total = ErrorStats()
+            for p in key.pairs:
+                names = ArrayNames(f"k{len(records)}.index", f"k{len(records)}.rows")
+                stats, hashes = encode_pair(
+                    stream, source, p, c, bound, sink, (names.index, names.rows), HASH_ALGORITHM
+                )
+                if not exceptions and stats.exception_rows:
+                    _refuse(stats, c, source.path, p)
+                records.append(_record(p, c, key.dtype, stats, names, bound, hashes))
+                total.merge(stats)
+            stored = c.stored_dtype(key.dtype)
+            results.append(
+                key_result(
+                    key,
+                    c.id,
+                    total,
+                    key.bytes_after(c, total.exception_rows),
+                    lossless=c.lossless or bound == 0,
+                    stored_dtype=None if stored is None else dtype_name(stored),
+                    delta_key=None if stored is None else key_str(key.pairs[0].delta_key),
+                    max_abs_error_bound=bound,
+                    candidates=cands,
+                )
+            )
+        manifest = Manifest(
+            container=container,
+            batch_dims=source.batch_dims,
+            time_dim=stream.time_dim,
+            valid_rows=source.valid_rows,
+            leaf_order=tuple(source.leaves),
+            keys=tuple(records),
+            options=options,
+            checksums=checksums,
+        )
+        return manifest.to_json()
+
+    return plan, fill

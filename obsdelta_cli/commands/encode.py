@@ -1,0 +1,158 @@
+"""Encoding one pair: every chunk is encoded, decoded by the rebuild rule, judged, and the rows
+that fail are kept exactly as exception rows; error, hashes and bytes are measured in the same
+pass."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..checksum import Hasher
+from ..codecs import Codec
+from ..formats import ArrayStore, Pair, Sink, Source
+from ..manifest import HASH_NAMES
+from ..rebuild import decode
+from ..stats import ErrorStats, Verdict, judge
+from ..stream import Stream, block_rows, reporting, window
+
+#: Exception rows are written in pieces of this many bytes (at least one row), whatever the
+#: chunking, so that containers that allocate as they append (HDF5) write the same file.
+PIECE_BYTES = 1 << 16
+
+
+@dataclass
+class Coded:
+    """One chunk after encoding: what is stored, what the rebuild gives, which rows failed."""
+
+    stored: torch.Tensor | None
+    rebuilt: torch.Tensor
+    verdict: Verdict
+    #: Positions (within the chunk) of the exception rows.
+    bad: torch.Tensor
+
+
+def code_chunk(
+    codec: Codec,
+    obs: torch.Tensor,
+    nxt: torch.Tensor,
+    successor: torch.Tensor | None,
+    bound: float | None,
+) -> Coded:
+    """Encode, rebuild exactly as inflate will, judge, and patch the exception rows in."""
+    stored = codec.encode(obs, nxt, successor)
+    rebuilt = decode(codec, obs, stored, successor, nxt.dtype)
+    exact = codec.lossless or bound == 0
+    verdict = judge(obs, nxt, stored, rebuilt, bound=bound, exact=exact)
+    bad = (~verdict.ok).nonzero().flatten()
+    if bad.numel():
+        rebuilt[bad] = nxt[bad]
+        if stored is not None:
+            stored[bad] = 0
+        verdict.same[bad] = True  # patched in: now bit for bit
+    return Coded(stored, rebuilt, verdict, bad)
+
+
+class Pieces:
+    """Appends to an array store in fixed pieces of rows, hashing what it appends."""
+
+    def __init__(self, store: ArrayStore, name: str, hasher: Hasher) -> None:
+        self.store, self.name, self.hasher = store, name, hasher
+        self.parts: list[torch.Tensor] = []
+        self.count = 0
+
+    def append(self, rows: torch.Tensor) -> None:
+        self.parts.append(rows)
+        self.count += rows.shape[0]
+        piece = max(1, PIECE_BYTES // max(1, rows[:1].numel() * rows.element_size()))
+        if self.count >= piece:
+            buffered = torch.cat(self.parts)
+            full = self.count - self.count % piece
+            self._write(buffered[:full])
+            self.parts = [buffered[full:]] if full < self.count else []
+            self.count -= full
+
+    def close(self) -> None:
+        if self.count:
+            self._write(torch.cat(self.parts))
+        self.parts, self.count = [], 0
+
+    def _write(self, rows: torch.Tensor) -> None:
+        self.store.append(self.name, rows)
+        self.hasher.update(rows)
+
+
+def chunks(
+    stream: Stream, source: Source, pair: Pair, successors: bool, extra: Sequence[Any] = ()
+) -> Any:
+    """``(slice, obs, next_obs, successor)`` over a pair's valid rows, with progress."""
+    obs = stream.flat(source.leaves[pair.obs_key])
+    nxt = stream.flat(source.leaves[pair.next_key])
+    geometry = stream.geometry(source.leaves[pair.obs_key])
+    block = block_rows([obs, nxt, *extra], geometry.align)
+    row_bytes = obs.dtype.itemsize * math.prod(obs.shape[1:])
+    with reporting(pair.name, geometry.valid, row_bytes) as advance:
+        for sl in stream.chunks([obs, nxt, *extra], geometry.valid, geometry.align):
+            if successors:
+                o, succ = window(obs, sl, geometry)
+                yield block, sl, o, nxt[sl], succ
+            else:
+                yield block, sl, obs[sl], nxt[sl], None
+            advance(sl)
+
+
+def encode_pair(
+    stream: Stream,
+    source: Source,
+    pair: Pair,
+    codec: Codec,
+    bound: float | None,
+    sink: Sink,
+    names: tuple[str, str],
+    algorithm: str,
+) -> tuple[ErrorStats, dict[str, str]]:
+    """Write ``pair``'s stored leaf and exception rows; return the figures and the hashes of the
+    original next observations, of what the rebuild gives, and of what was written."""
+    has_leaf = codec.stored_dtype(source.leaves[pair.obs_key].dtype) is not None
+    dst = stream.flat(sink.leaves[pair.delta_key]) if has_leaf else None
+    hashers = {name: Hasher(algorithm) for name in HASH_NAMES}
+    index = Pieces(sink.arrays, names[0], hashers["index"])
+    rows = Pieces(sink.arrays, names[1], hashers["rows"])
+    stats = ErrorStats()
+    extra = [] if dst is None else [dst]
+    for block, sl, o, n, succ in chunks(stream, source, pair, codec.uses_successor, extra):
+        c = code_chunk(codec, o, n, succ, bound)
+        stats.count(c.verdict)
+        if c.bad.numel():
+            index.append(c.bad + sl.start)
+            rows.append(n[c.bad])
+        stats.update(n, c.rebuilt, exceptions=int(c.bad.numel()), same=c.verdict.same, block=block)
+        hashers["next"].update(n)
+        hashers["rebuilt"].update(c.rebuilt)
+        if dst is not None and c.stored is not None:
+            dst[sl] = c.stored
+            hashers["stored"].update(c.stored)
+    index.close()
+    rows.close()
+    geometry = stream.geometry(source.leaves[pair.obs_key])
+    if dst is not None and geometry.valid < geometry.total:
+        # Rows past a replay buffer's len are not data: store a zero delta for them.
+        dst[geometry.valid :] = 0
+    return stats, {name: h.hex for name, h in hashers.items()}
+
+
+def measure_pair(
+    stream: Stream, source: Source, pair: Pair, codecs: Sequence[Codec], bound: float | None
+) -> list[ErrorStats]:
+    """Figures of every codec on ``pair``, reading it once, writing nothing."""
+    stats = [ErrorStats() for _ in codecs]
+    successors = any(c.uses_successor for c in codecs)
+    for block, _sl, o, n, succ in chunks(stream, source, pair, successors):
+        for codec, s in zip(codecs, stats, strict=True):
+            c = code_chunk(codec, o, n, succ, bound)
+            s.count(c.verdict)
+            s.update(n, c.rebuilt, exceptions=int(c.bad.numel()), same=c.verdict.same, block=block)
+    return stats

@@ -1,0 +1,91 @@
+"""``report``: sizes and errors without writing anything."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..codecs import AUTO, DEFAULT_CODEC, make_codec
+from ..formats import disk_size
+from ..rebuild import stored_pairs
+from ..report import DatasetResult
+from ..selection import KeyGroup, candidates, check_time_dim, select_pairs
+from .common import (
+    DEFAULT_CHUNK_MB,
+    check_bound,
+    manifest_of,
+    one_thread,
+    open_input,
+    original_size,
+    recorded_results,
+    stream_for,
+)
+from .compress import auto_pick, key_result, measure_key
+
+
+@one_thread
+def report(
+    input: Path,
+    *,
+    codec: str = DEFAULT_CODEC,
+    keys: Sequence[str] | None = None,
+    max_abs_error: float | None = None,
+    time_dim: int = -1,
+    chunk_mb: float = DEFAULT_CHUNK_MB,
+) -> DatasetResult:
+    """Measure without writing.
+
+    On a plain input: every codec on every key (a dry run), with what ``--codec auto`` would
+    pick under ``max_abs_error`` marked. On a compressed input: the original and the stored
+    size, and the error measured when it was written.
+    """
+    input = Path(input)
+    check_bound(max_abs_error)
+    if codec != AUTO:
+        make_codec(codec, max_abs_error)  # refuse what compress would refuse
+    fmt, source = open_input(input)
+    size = disk_size(input)
+    try:
+        if fmt.nothing_to_do:
+            return DatasetResult(
+                "report", str(input), None, fmt.name, False, size, size, note=fmt.nothing_to_do
+            )
+        if source.meta is not None:
+            stored = stored_pairs(source, manifest_of(source))
+            results = recorded_results(source, stored, restored=False)
+            before = original_size(size, results)
+            return DatasetResult("report", str(input), None, fmt.name, True, before, size, results)
+        time_dim = check_time_dim(source, time_dim)
+        bound = (max_abs_error or 0.0) if codec == AUTO else max_abs_error
+        # A dry run shows every codec: lossy ones too, even when the default is lossless.
+        shown = bound if bound else None
+
+        def supports(dtype: object) -> bool:
+            return bool(candidates(dtype, shown))  # type: ignore[arg-type]
+
+        pairs = select_pairs(fmt.pairs(source), source, keys, supports)
+        stream = stream_for(source, time_dim, chunk_mb)
+        results = []
+        for key in KeyGroup.group(source, pairs):
+            _codecs, cands, totals = measure_key(stream, source, key, shown)
+            lossless = [c for c in cands if c.exact_rows == key.total_rows] if not bound else cands
+            pick = auto_pick(lossless, key.raw_bytes) or "none"
+            want = pick if codec == AUTO else codec
+            chosen = next((i for i, c in enumerate(cands) if c.codec == want), None)
+            picked = None if chosen is None else cands[chosen]
+            results.append(
+                key_result(
+                    key,
+                    want,
+                    None if chosen is None else totals[chosen],
+                    key.raw_bytes if picked is None else picked.bytes_after,
+                    lossless=want == "none" or want == "exact" or bound == 0,
+                    max_abs_error_bound=bound,
+                    candidates=cands,
+                    auto_pick=pick,
+                )
+            )
+    finally:
+        fmt.close(source)
+    saved = sum(k.bytes_before - k.bytes_after for k in results)
+    return DatasetResult("report", str(input), None, fmt.name, False, size, size - saved, results)

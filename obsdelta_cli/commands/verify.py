@@ -1,0 +1,130 @@
+"""``verify``: re-read a compressed dataset and check everything it stores against its
+manifest, rebuilding every key as ``inflate`` would."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..checksum import Hasher
+from ..errors import DataError, ObsdeltaError
+from ..formats import Key, Source, detect, disk_size, key_str
+from ..manifest import Manifest
+from ..rebuild import StoredPair, stored_pairs
+from ..report import DatasetResult
+from ..stream import Stream
+from .common import (
+    DEFAULT_CHUNK_MB,
+    manifest_of,
+    one_thread,
+    open_input,
+    original_size,
+    recorded_results,
+    stream_for,
+)
+
+
+def mismatch(file: Path, key: str, what: str, recorded: str, found: str | None) -> DataError:
+    return DataError(
+        f"checksum mismatch in the {what} (recorded {recorded}, found {found})",
+        file=file,
+        key=key,
+        hint="the compressed dataset is damaged; restore it from a copy or compress again",
+    )
+
+
+def expect_leaf(manifest: Manifest, key: Key, found: str | None, file: Path) -> None:
+    """Compare a copied leaf's hash with the one recorded at compress time, if any."""
+    expected = manifest.checksums.get(key_str(key))
+    if expected is not None and found != expected:
+        raise mismatch(file, key_str(key), "copied data", expected, found)
+
+
+def expect(s: StoredPair, name: str, hasher: Hasher, file: Path, leaf: str | None = None) -> None:
+    """Compare a hash with the one recorded for ``s`` (older files may lack some)."""
+    recorded = s.record.hashes.get(name)
+    if recorded is not None and recorded != hasher.hex:
+        what = {"rebuilt": "rebuilt next observations", "next": "original next observations"}
+        raise mismatch(
+            file, leaf or s.record.name, what.get(name, "stored data"), recorded, hasher.hex
+        )
+
+
+def check_pair(source: Source, stream: Stream, s: StoredPair, algorithm: str) -> None:
+    """Re-read everything stored for a pair and compare it with the recorded hashes."""
+    path, pair = source.path, s.pair
+    rebuild = s.rebuild(source, stream)
+    valid = rebuild.geometry.valid
+    if rebuild.delta is not None:
+        hasher = Hasher(algorithm)
+        for sl in stream.chunks([rebuild.delta], valid, rebuild.geometry.align):
+            hasher.update(rebuild.delta[sl])
+        expect(s, "stored", hasher, path, leaf=key_str(pair.delta_key))
+    if rebuild.exceptions is not None:
+        for name, array in (
+            ("index", rebuild.exceptions.index),
+            ("rows", rebuild.exceptions.values[:]),
+        ):
+            hasher = Hasher(algorithm)
+            hasher.update(array)
+            expect(s, name, hasher, path, leaf=f"exception {name} of {pair.name}")
+    hasher = Hasher(algorithm)
+    for sl in stream.chunks([rebuild.obs], valid, rebuild.geometry.align):
+        hasher.update(rebuild.rows(sl))
+    expect(s, "rebuilt", hasher, path)
+    if s.record.lossless:
+        expect(s, "next", hasher, path)
+
+
+def check_dataset(source: Source, manifest: Manifest, chunk_mb: float) -> list[StoredPair]:
+    """Check every recorded hash of a compressed source; raise on the first bad leaf."""
+    stored = stored_pairs(source, manifest)
+    stream = stream_for(source, manifest.time_dim, chunk_mb)
+    for name in manifest.checksums:
+        key = tuple(name.split("/"))
+        leaf = source.leaves.get(key)
+        if leaf is None:
+            raise DataError(
+                "leaf named in the metadata is missing",
+                file=source.path,
+                key=name,
+                hint="the compressed dataset is damaged or was edited",
+            )
+        expect_leaf(manifest, key, stream.copy(leaf, None, manifest.hash_algorithm), source.path)
+    for s in stored:
+        check_pair(source, stream, s, manifest.hash_algorithm)
+    return stored
+
+
+@one_thread
+def verify(input: Path, *, chunk_mb: float = DEFAULT_CHUNK_MB) -> DatasetResult:
+    """Re-read a compressed dataset and check its manifest and every recorded hash,
+    rebuilding the next observations as ``inflate`` would. Raises on the first bad leaf."""
+    input = Path(input)
+    fmt, source = open_input(input)
+    try:
+        manifest = manifest_of(source)
+        stored = check_dataset(source, manifest, chunk_mb)
+        keys = recorded_results(source, stored, restored=False)
+    finally:
+        fmt.close(source)
+    size = disk_size(input)
+    return DatasetResult(
+        "verify", str(input), None, fmt.name, True, original_size(size, keys), size, keys
+    )
+
+
+def verify_written(path: Path, chunk_mb: float) -> None:
+    """Check a freshly written output before it is renamed into place."""
+    fmt = detect(path)
+    source = fmt.open(path)
+    try:
+        check_dataset(source, manifest_of(source), chunk_mb)
+    except ObsdeltaError as exc:
+        raise DataError(
+            f"the output failed verification before it was put in place: {exc.message}",
+            file=path,
+            key=exc.key,
+            hint="nothing was written; please report this",
+        ) from None
+    finally:
+        fmt.close(source)

@@ -1,0 +1,233 @@
+"""The rebuild rule, in one place: ``("next", k)[t]`` from what a compressed dataset stores.
+
+``next[t] = codec.decode(root[t], stored[t], root[t+1])``, then every boundary exception row
+replaces its row. ``root[t+1]`` is the successor along the time dimension (a row without one
+gets its own observation), ``stored`` the per-row leaf of codecs that keep one, and rows past a
+replay buffer's ``len`` come back as their own observation. ``inflate``, ``verify``, ``report``
+and ``open_dataset`` all rebuild through :class:`Rebuild`, and ``compress`` judges every row on
+what :func:`decode` gives, so a reported error is the error of what users get back.
+
+>>> import torch
+>>> from obsdelta_cli.codecs import make_codec
+>>> from obsdelta_cli.stream import Geometry
+>>> obs = torch.tensor([[0.0], [1.0], [2.0], [9.0]])
+>>> g = Geometry.of([4], time_dim=0, valid_rows=None)
+>>> exc = Exceptions(torch.tensor([3]), torch.tensor([[7.0]]))
+>>> r = Rebuild(make_codec("exact"), torch.float32, obs, None, g, exc)
+>>> r.rows(slice(0, 4)).flatten().tolist(), r.take(torch.tensor([3, 0])).flatten().tolist()
+([1.0, 2.0, 9.0, 7.0], [7.0, 1.0])
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .codecs import Codec, codec_from_config
+from .errors import InputError
+from .formats import Pair, Source, key_str
+from .formats.leaf import FlatRows, is_data
+from .manifest import KeyRecord, Manifest
+from .stream import Geometry, Stream, window
+
+
+def decode(
+    codec: Codec,
+    obs: torch.Tensor,
+    stored: torch.Tensor | None,
+    successor: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """A chunk's next observations as the codec rebuilds them, before exceptions are patched."""
+    return codec.decode(obs, stored, successor, dtype)
+
+
+@dataclass(frozen=True)
+class Exceptions:
+    """Rows stored in full precision: their sorted row numbers (in memory) and values (lazy)."""
+
+    index: torch.Tensor
+    values: Any
+
+    def patch_slice(self, rebuilt: torch.Tensor, sl: slice) -> None:
+        lo, hi = torch.searchsorted(self.index, torch.tensor([sl.start, sl.stop])).tolist()
+        if hi > lo:
+            rebuilt[self.index[lo:hi] - sl.start] = self.values[lo:hi]
+
+    def patch_rows(self, rebuilt: torch.Tensor, idx: torch.Tensor) -> None:
+        pos = torch.searchsorted(self.index, idx).clamp_(max=self.index.numel() - 1)
+        hit = self.index[pos] == idx
+        if bool(hit.any()):
+            rebuilt[hit] = take(self.values, pos[hit])
+
+
+def take(rows: Any, idx: torch.Tensor) -> torch.Tensor:
+    """Rows ``idx`` of a flat leaf; a lazy leaf is read in sorted runs, each run once."""
+    if not isinstance(rows, FlatRows):
+        return rows[idx]
+    if idx.numel() == 0:
+        return torch.empty((0, *rows.shape[1:]), dtype=rows.dtype)
+    order = torch.argsort(idx)
+    sorted_idx = idx[order]
+    out = torch.empty((idx.numel(), *rows.shape[1:]), dtype=rows.dtype)
+    # Runs of nearby rows are read as one slice: fewer, larger reads of the HDF5 chunks.
+    breaks = (torch.diff(sorted_idx) > 64).nonzero().flatten() + 1
+    starts = [0, *breaks.tolist()]
+    ends = [*breaks.tolist(), idx.numel()]
+    for a, b in zip(starts, ends, strict=True):
+        lo, hi = int(sorted_idx[a]), int(sorted_idx[b - 1]) + 1
+        block = rows[lo:hi]
+        out[order[a:b]] = block[sorted_idx[a:b] - lo]
+    return out
+
+
+class Rebuild:
+    """Rebuilds the next observations of one stored pair, by contiguous rows or by index."""
+
+    def __init__(
+        self,
+        codec: Codec,
+        dtype: torch.dtype,
+        obs: Any,
+        delta: Any,
+        geometry: Geometry,
+        exceptions: Exceptions | None,
+    ) -> None:
+        self.codec = codec
+        self.dtype = dtype
+        self.obs = obs
+        self.delta = delta
+        self.geometry = geometry
+        self.exceptions = exceptions
+
+    def rows(self, sl: slice) -> torch.Tensor:
+        """Rows ``sl`` (contiguous), reading the observations once with a one-row overlap."""
+        valid = self.geometry.valid
+        if sl.start >= valid:  # past a replay buffer's len: not data, next = obs
+            return self.obs[sl].clone()
+        if sl.stop > valid:
+            head = self.rows(slice(sl.start, valid))
+            return torch.cat([head, self.obs[valid : sl.stop]])
+        if self.codec.uses_successor:
+            obs, successor = window(self.obs, sl, self.geometry)
+        else:
+            obs, successor = self.obs[sl], None
+        stored = None if self.delta is None else self.delta[sl]
+        rebuilt = decode(self.codec, obs, stored, successor, self.dtype)
+        if self.exceptions is not None:
+            self.exceptions.patch_slice(rebuilt, sl)
+        return rebuilt
+
+    def take(self, idx: torch.Tensor) -> torch.Tensor:
+        """Rows ``idx`` (any order), one gather per leaf."""
+        obs = take(self.obs, idx)
+        successor = None
+        if self.codec.uses_successor:
+            has = self.geometry.has_successor(idx)
+            successor = obs.clone()
+            if bool(has.any()):
+                successor[has] = take(self.obs, idx[has] + self.geometry.step)
+        stored = None if self.delta is None else take(self.delta, idx)
+        rebuilt = decode(self.codec, obs, stored, successor, self.dtype)
+        if self.exceptions is not None:
+            self.exceptions.patch_rows(rebuilt, idx)
+        past = idx >= self.geometry.valid
+        if bool(past.any()):
+            rebuilt[past] = obs[past]
+        return rebuilt
+
+
+@dataclass(frozen=True)
+class StoredPair:
+    """One stored pair of a compressed source: its record, codec and leaves, checked."""
+
+    record: KeyRecord
+    pair: Pair
+    codec: Codec
+    dtype: torch.dtype
+
+    def rebuild(self, source: Source, stream: Stream) -> Rebuild:
+        """The pair's :class:`Rebuild`, after checking its leaves and arrays against the record."""
+        obs = stream.flat(source.leaves[self.pair.obs_key])
+        geometry = stream.geometry(source.leaves[self.pair.obs_key])
+        delta = None
+        if self.pair.delta_key:
+            delta = stream.flat(source.leaves[self.pair.delta_key])
+        return Rebuild(
+            self.codec, self.dtype, obs, delta, geometry, self.exceptions(source, obs, geometry)
+        )
+
+    def exceptions(self, source: Source, obs: Any, geometry: Geometry) -> Exceptions | None:
+        """The exception rows: the index (8 bytes a row, read after the store checked its size)
+        must be increasing and inside the valid rows."""
+        r = self.record
+        if not r.exception_rows:
+            return None
+        if source.arrays is None or r.arrays is None:
+            raise _damaged(source, r, "exception rows are missing")
+        n = r.exception_rows
+        index = torch.as_tensor(source.arrays.get(r.arrays.index, torch.int64, (n,))[:])
+        ordered = index.numel() < 2 or bool((index[1:] > index[:-1]).all())
+        if not ordered or int(index[0]) < 0 or int(index[-1]) >= geometry.valid:
+            raise _damaged(source, r, "exception row index is not increasing inside the rows")
+        values = source.arrays.get(r.arrays.rows, self.dtype, (n, *obs.shape[1:]))
+        return Exceptions(index, values)
+
+
+def _damaged(source: Source, record: KeyRecord, what: str) -> InputError:
+    return InputError(
+        what,
+        file=source.path,
+        key=record.name,
+        hint="the compressed dataset is damaged; restore it from a copy",
+    )
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name)
+    assert isinstance(dtype, torch.dtype)  # the manifest admits known dtype names only
+    return dtype
+
+
+def stored_pairs(source: Source, manifest: Manifest) -> list[StoredPair]:
+    """Every stored pair, each checked against the leaves on disk: the observation exists with
+    the recorded dtype and enough rows, the stored leaf has the observation's shape and the
+    stored dtype. Nothing is allocated from a figure the bytes on disk do not back."""
+    out = []
+    for r in manifest.keys:
+        codec = codec_from_config(r.codec)
+        pair = Pair(r.obs_key, r.next_key, r.delta_key or (), r.name)
+        obs: Any = source.leaves.get(r.obs_key)
+        if not is_data(obs):
+            raise _damaged(source, r, f"leaf {key_str(r.obs_key)} named in the metadata is missing")
+        dtype = _dtype(r.source_dtype)
+        if obs.dtype != dtype or len(obs.shape) < manifest.batch_dims:
+            raise _damaged(source, r, f"leaf {key_str(r.obs_key)} does not match the metadata")
+        rows = math.prod(obs.shape[: manifest.batch_dims])
+        if r.rows > rows:
+            raise _damaged(source, r, f"metadata claims {r.rows} rows of {rows}")
+        stored = codec.stored_dtype(dtype)
+        if (stored is None) != (r.delta_key is None) or (
+            stored is not None and r.stored_dtype != str(stored).removeprefix("torch.")
+        ):
+            raise _damaged(source, r, "codec and stored leaf disagree")
+        if r.delta_key is not None:
+            delta: Any = source.leaves.get(r.delta_key)
+            if not is_data(delta) or tuple(delta.shape) != tuple(obs.shape):
+                raise _damaged(
+                    source, r, f"stored leaf {key_str(r.delta_key)} is missing or misshapen"
+                )
+            if delta.dtype != stored:
+                raise _damaged(source, r, f"stored leaf {key_str(r.delta_key)} has another dtype")
+        if r.arrays is not None:
+            if source.arrays is None:
+                raise _damaged(source, r, "exception rows are missing")
+            # Sizes only: the stores check the bytes on disk before anything is read.
+            source.arrays.get(r.arrays.index, torch.int64, (r.exception_rows,))
+            features = tuple(obs.shape[manifest.batch_dims :])
+            source.arrays.get(r.arrays.rows, dtype, (r.exception_rows, *features))
+        out.append(StoredPair(r, pair, codec, dtype))
+    return out

@@ -1,0 +1,204 @@
+"""Which leaves pair up, and which are left alone.
+
+A format adapter lists the pairs its layout defines (TED: root ``k`` with ``("next", k)``;
+D4RL: ``observations`` with ``next_observations``; robomimic: ``obs/<name>`` with
+``next_obs/<name>`` in each demo). Here they are filtered: by default only observation pairs
+are rewritten. Rewards, ``done``/``terminated``/``truncated`` flags, ``info``/``infos`` and
+actions have ``next`` twins in some layouts (TorchRL's offline caches) but are not
+observations, and bool leaves are flags; they stay byte for byte unless ``--key`` names them.
+
+>>> is_observation(("observation",)), is_observation(("reward",)), is_observation(("info", "x"))
+(True, False, False)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .codecs import CODECS, Codec
+from .errors import DataError, UsageError
+from .formats import Pair, Source, key_str
+from .formats.leaf import is_data, nbytes
+
+#: Leaf names that are never observations, wherever they stand in a key.
+NOT_OBSERVATIONS = frozenset(
+    {
+        "reward",
+        "rewards",
+        "done",
+        "dones",
+        "terminated",
+        "terminals",
+        "truncated",
+        "timeouts",
+        "info",
+        "infos",
+        "action",
+        "actions",
+        "step_count",
+        "is_init",
+        "index",
+        "collector",
+        "mask",
+    }
+)
+#: Bytes an exception row costs beside its values: its int64 row index.
+INDEX_BYTES = 8
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def is_observation(key: tuple[str, ...]) -> bool:
+    """Whether a pair's observation key may hold observations (see the module docstring)."""
+    return not any(part in NOT_OBSERVATIONS for part in key)
+
+
+def pair_problem(source: Source, pair: Pair, supports: Callable[[torch.dtype], bool]) -> str | None:
+    """Why ``pair`` cannot be encoded, or ``None`` if it can."""
+    obs, nxt = source.leaves.get(pair.obs_key), source.leaves.get(pair.next_key)
+    if obs is None:
+        return "no such leaf"
+    if nxt is None:
+        return f"has no twin {key_str(pair.next_key)}"
+    if not (is_data(obs) and is_data(nxt)):
+        return "is not a tensor"
+    if tuple(obs.shape) != tuple(nxt.shape) or obs.dtype != nxt.dtype:
+        return (
+            f"shape/dtype {list(obs.shape)} {dtype_name(obs.dtype)} differs from "
+            f"{key_str(pair.next_key)}'s {list(nxt.shape)} {dtype_name(nxt.dtype)}"
+        )
+    if not supports(obs.dtype):
+        return f"is {dtype_name(obs.dtype)}, which the chosen codec cannot encode"
+    if len(obs.shape) < source.batch_dims or math.prod(obs.shape[: source.batch_dims]) == 0:
+        return "has no rows"
+    return None
+
+
+def select_pairs(
+    candidates: Sequence[Pair],
+    source: Source,
+    keys: Sequence[str] | None,
+    supports: Callable[[torch.dtype], bool],
+) -> list[Pair]:
+    """The pairs to encode: those ``keys`` name (any alias), or every observation pair."""
+    if keys:
+        chosen: list[Pair] = []
+        for text in keys:
+            wanted = "/".join(p for p in text.split("/") if p)
+            named = [p for p in candidates if wanted in (p.name, *p.aliases)]
+            if not wanted or not named:
+                known = sorted({p.name for p in candidates})
+                why = "empty key" if not wanted else "no such leaf"
+                raise DataError(
+                    why, file=source.path, key=text, hint=f"known: {', '.join(known) or 'none'}"
+                )
+            for pair in named:
+                problem = pair_problem(source, pair, supports)
+                if problem:
+                    raise DataError(
+                        problem, file=source.path, key=text, hint="pick keys with --key"
+                    )
+                if pair not in chosen:
+                    chosen.append(pair)
+        return chosen
+
+    def eligible(dtype: torch.dtype) -> bool:
+        return dtype != torch.bool and supports(dtype)
+
+    observations = [p for p in candidates if is_observation(p.obs_key)]
+    pairs = [p for p in observations if pair_problem(source, p, eligible) is None]
+    if pairs:
+        return pairs
+    twins = [p for p in observations if source.leaves.get(p.next_key) is not None]
+    empty = [p for p in twins if pair_problem(source, p, eligible) == "has no rows"]
+    if empty:
+        raise DataError(
+            "has no rows",
+            file=source.path,
+            key=empty[0].name,
+            hint="check the right file was given",
+        )
+    if not twins:
+        raise DataError(
+            "holds no next observations beside its observations, so there is nothing to "
+            "compress (each observation is already stored once)",
+            file=source.path,
+            hint="use the dataset as it is",
+        )
+    problems = "; ".join(f"{p.name} {pair_problem(source, p, eligible)}" for p in twins[:3])
+    raise DataError(
+        f"no observation pair can be encoded ({problems})",
+        file=source.path,
+        hint="name keys with --key, or pick another --codec",
+    )
+
+
+def check_time_dim(source: Source, time_dim: int) -> int:
+    dims = source.batch_dims
+    if not -dims <= time_dim < dims:
+        raise UsageError(
+            f"--time-dim {time_dim} is not a batch dimension (the data has {dims})",
+            file=source.path,
+            hint=f"use a value in [{-dims}, {dims - 1}]",
+        )
+    return time_dim % dims
+
+
+def candidates(dtype: torch.dtype, bound: float | None) -> list[Codec]:
+    """Every codec that can encode ``dtype`` under ``bound``. With a bound of 0 only the lossless
+    ones: every row a lossy codec changes would be an exception, so they never win."""
+    out = []
+    for cls in CODECS.values():
+        if bound == 0 and not cls.lossless:
+            continue
+        try:
+            codec = cls.create(bound)
+        except UsageError:
+            continue
+        if codec.supports(dtype):
+            out.append(codec)
+    return out
+
+
+@dataclass
+class KeyGroup:
+    """The pairs that share one name (one per robomimic demo; one otherwise), and their size."""
+
+    name: str
+    pairs: list[Pair]
+    dtype: torch.dtype
+    features: tuple[int, ...]
+    total_rows: int
+    raw_bytes: int
+
+    @classmethod
+    def group(cls, source: Source, pairs: Sequence[Pair]) -> list[KeyGroup]:
+        out: dict[str, KeyGroup] = {}
+        for p in pairs:
+            leaf = source.leaves[p.obs_key]
+            key = out.get(p.name)
+            rows = math.prod(leaf.shape[: source.batch_dims])
+            if key is None:
+                feats = tuple(leaf.shape[source.batch_dims :])
+                out[p.name] = cls(p.name, [p], leaf.dtype, feats, rows, nbytes(leaf))
+            else:
+                key.pairs.append(p)
+                key.total_rows += rows
+                key.raw_bytes += nbytes(leaf)
+        return list(out.values())
+
+    @property
+    def row_bytes(self) -> int:
+        return math.prod(self.features) * self.dtype.itemsize
+
+    def bytes_after(self, codec: Codec, exception_rows: int) -> int:
+        """Bytes ``codec`` stores: its per-row leaves plus the exception rows and their index."""
+        stored = codec.stored_dtype(self.dtype)
+        base = 0 if stored is None else self.total_rows * math.prod(self.features) * stored.itemsize
+        return base + exception_rows * (self.row_bytes + INDEX_BYTES)

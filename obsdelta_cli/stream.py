@@ -1,0 +1,150 @@
+"""Rows, their successors along time, and the chunks of rows that move between containers.
+
+Every leaf is seen flat, ``[rows, *features]`` over its batch dimensions. Chunk boundaries depend
+only on the data (row size, the first batch dimension, HDF5 chunking) and on ``--chunk-mb``
+through a whole number of fixed *blocks*, so that every block lies inside one chunk: error sums
+are taken per block, and outputs and figures come out the same whatever the chunk size.
+
+>>> import torch
+>>> g = Geometry.of([2, 3], time_dim=1, valid_rows=None)
+>>> g.has_successor(torch.arange(6)).tolist()
+[True, True, False, True, True, False]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .checksum import Hasher
+from .formats.leaf import FlatRows, as_rows, is_data
+from .progress import current
+
+#: Bytes of one block of rows (at least one row): the unit error sums and chunks are cut in.
+BLOCK_BYTES = 1 << 12
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Where rows and time are: rows flattened over the batch dims and their successors.
+
+    The successor of row ``r`` is the row one step later along the time dimension,
+    ``r + step``; the last step of each trajectory, and rows past ``valid``, have none.
+    """
+
+    total: int
+    valid: int
+    step: int
+    length: int
+    #: Rows per index of the first batch dimension: chunks of lazy leaves align to it.
+    align: int
+
+    @classmethod
+    def of(cls, batch: Sequence[int], time_dim: int, valid_rows: int | None) -> Geometry:
+        per_first = math.prod(batch[1:])
+        valid = batch[0] if valid_rows is None else valid_rows
+        return cls(
+            total=math.prod(batch),
+            valid=valid * per_first,
+            step=math.prod(batch[time_dim + 1 :]),
+            length=batch[time_dim],
+            align=per_first,
+        )
+
+    def has_successor(self, rows: torch.Tensor) -> torch.Tensor:
+        """Per row number in ``rows``: whether it has a successor."""
+        last_step = (rows // self.step) % self.length == self.length - 1
+        return ~last_step & (rows + self.step < self.valid)
+
+
+def block_rows(leaves: Sequence[Any], align: int) -> int:
+    """Rows per block for ``leaves`` (flat views of one pair): a whole number of first-dim
+    indices and of HDF5 chunks, about :data:`BLOCK_BYTES` long. Independent of ``--chunk-mb``."""
+    unit = align
+    for leaf in leaves:
+        if isinstance(leaf, FlatRows):
+            unit = math.lcm(unit, align * getattr(leaf.leaf, "chunk_rows", 1))
+    row_bytes = max((_row_bytes(leaf) for leaf in leaves), default=1)
+    return unit * max(1, BLOCK_BYTES // max(1, unit * row_bytes))
+
+
+def _row_bytes(rows: Any) -> int:
+    return max(1, math.prod(rows.shape[1:]) * rows.dtype.itemsize)
+
+
+def slices(stop: int, block: int, chunk_bytes: int, row_bytes: int) -> Iterator[slice]:
+    """Row slices up to ``stop`` of about ``chunk_bytes``, each a whole number of blocks."""
+    blocks = max(1, chunk_bytes // max(1, block * row_bytes))
+    step = blocks * block
+    for start in range(0, stop, step):
+        yield slice(start, min(stop, start + step))
+
+
+def window(obs: Any, sl: slice, geometry: Geometry) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``sl`` of ``obs`` and their successors, read once with the overlap they need; a row
+    without a successor gets its own observation (the rebuild makes the same choice)."""
+    n = sl.stop - sl.start
+    block = obs[sl.start : min(geometry.total, sl.stop + geometry.step)]
+    chunk = block[:n]
+    successor = chunk.clone()
+    reach = block.shape[0] - geometry.step
+    if reach > 0:
+        successor[:reach] = block[geometry.step : geometry.step + reach]
+    missing = ~geometry.has_successor(torch.arange(sl.start, sl.stop))
+    if bool(missing.any()):
+        successor[missing] = chunk[missing]
+    return chunk, successor
+
+
+@dataclass(frozen=True)
+class Stream:
+    """How one command moves rows: batch dims, time, valid rows and the chunk budget."""
+
+    batch_dims: int
+    time_dim: int
+    valid_rows: int | None
+    chunk_bytes: int
+
+    def flat(self, leaf: Any) -> Any:
+        return as_rows(leaf, self.batch_dims)
+
+    def geometry(self, leaf: Any) -> Geometry:
+        return Geometry.of(leaf.shape[: self.batch_dims], self.time_dim, self.valid_rows)
+
+    def chunks(self, leaves: Sequence[Any], stop: int, align: int) -> Iterator[slice]:
+        """Row slices over flat ``leaves`` (read or written together) up to ``stop``."""
+        block = block_rows(leaves, align)
+        return slices(stop, block, self.chunk_bytes, max(_row_bytes(x) for x in leaves))
+
+    def copy(self, src: Any, dst: Any, algorithm: str) -> str | None:
+        """Copy a leaf chunk by chunk (``dst=None``: only read it); return the hash of its bytes.
+        Non-tensor leaves are carried by the container and give ``None``."""
+        if not is_data(src):
+            return None
+        hasher = Hasher(algorithm)
+        src = self.flat(src)
+        dst = None if dst is None else self.flat(dst)
+        align = src.per_first if isinstance(src, FlatRows) else 1
+        leaves = [src] if dst is None else [src, dst]
+        for sl in self.chunks(leaves, src.shape[0], align):
+            chunk = src[sl]
+            hasher.update(chunk)
+            if dst is not None:
+                dst[sl] = chunk
+        return hasher.hex
+
+
+@contextmanager
+def reporting(name: str, rows: int, row_bytes: int) -> Iterator[Callable[[slice], None]]:
+    """A progress task over ``rows`` rows, counted in bytes of next observations."""
+    progress = current()
+    task = progress.task(name, rows * row_bytes)
+    try:
+        yield lambda sl: progress.advance(task, (sl.stop - sl.start) * row_bytes)
+    finally:
+        progress.finish(task)

@@ -1,0 +1,107 @@
+"""Same input and flags, same bytes and figures: whatever the chunk size or the number of jobs."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDictBase
+
+from obsdelta_cli.stream import BLOCK_BYTES, Geometry, slices
+
+from .conftest import Cli, tree_hash
+from .writers import WRITERS
+
+CHUNKS = ["0.01", "1", "8"]
+
+
+def _content(path: Path) -> str:
+    """A hash of the bytes below ``path`` (not of its own name)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else tree_hash(path)
+
+
+def _figures(stdout: str) -> list[dict]:
+    """The JSON lines without what may differ between runs: paths."""
+    out = []
+    for line in stdout.splitlines():
+        data = json.loads(line)
+        for name in ("input", "output"):
+            data.pop(name)
+        out.append(data)
+    return out
+
+
+@pytest.fixture(scope="module")
+def long_rollout(hopper: TensorDictBase) -> TensorDictBase:
+    """Hopper with noise, 4x longer: many chunks at 0.01 MiB, rows whose errors differ."""
+    parts = []
+    for i in range(4):
+        part = hopper.clone()
+        noise = torch.randn(part["observation"].shape, generator=torch.Generator().manual_seed(i))
+        part["observation"] += noise * 1e-3
+        part["next", "observation"] = torch.roll(part["observation"], -1, 0)
+        part["next", "observation"][-1] += 0.5  # the last row has no successor: an exception
+        parts.append(part)
+    return torch.cat(parts)
+
+
+@pytest.mark.parametrize("fmt", ["ted-memmap", "d4rl-hdf5"])
+@pytest.mark.parametrize("codec", ["exact", "fp16"])
+def test_output_independent_of_chunk_size(
+    cli: Cli, tmp_path: Path, long_rollout: TensorDictBase, fmt: str, codec: str
+) -> None:
+    src = WRITERS[fmt](long_rollout, tmp_path / "in")
+    hashes, figures = set(), []
+    for mb in CHUNKS:
+        out = tmp_path / f"out{mb}{src.suffix}"
+        result = cli("compress", src, "-o", out, "--codec", codec, "--chunk-mb", mb, "--json")
+        hashes.add(_content(out))
+        figures.append(_figures(result.stdout))
+        back = tmp_path / f"back{mb}{src.suffix}"
+        cli("inflate", out, "-o", back, "--chunk-mb", mb, "-q")
+        hashes_back = _content(back)
+        if mb == CHUNKS[0]:
+            first_back = hashes_back
+        assert hashes_back == first_back
+    assert len(hashes) == 1, "output bytes depend on --chunk-mb"
+    assert all(f == figures[0] for f in figures), "figures depend on --chunk-mb"
+    key = figures[0][0]["keys"][0]
+    assert key["rows"] == long_rollout.shape[0]
+    # exact keeps the episode ends as exception rows; fp16 has an error to sum.
+    assert key["exception_rows"] > 0 if codec == "exact" else key["rmse"] > 0
+
+
+def test_output_independent_of_jobs(cli: Cli, tmp_path: Path, long_rollout: TensorDictBase) -> None:
+    inputs = [
+        WRITERS["ted-memmap"](long_rollout, tmp_path / "a"),
+        WRITERS["d4rl-hdf5"](long_rollout[:5000], tmp_path / "b"),
+        WRITERS["ted-memmap"](long_rollout[3000:], tmp_path / "c"),
+    ]
+    runs = {}
+    for jobs in ("1", "2"):
+        out = tmp_path / f"jobs{jobs}"
+        result = cli("compress", *inputs, "-o", out, "--codec", "fp16", "-j", jobs, "--json")
+        figures = sorted(_figures(result.stdout), key=lambda d: d["bytes_before"])
+        runs[jobs] = (figures, {p.name: _content(p) for p in sorted(out.iterdir())})
+    assert runs["1"] == runs["2"]
+
+
+def test_chunks_hold_whole_blocks() -> None:
+    rows, row_bytes = 10_000, 44
+    block = max(1, BLOCK_BYTES // row_bytes)
+    for chunk_bytes in (1, 10_000, 2**20, 8 * 2**20):
+        cut = list(slices(rows, block, chunk_bytes, row_bytes))
+        assert cut[0].start == 0 and cut[-1].stop == rows
+        assert all(a.stop == b.start for a, b in itertools.pairwise(cut))
+        assert all(sl.start % block == 0 for sl in cut)
+
+
+def test_successors_along_the_time_dimension() -> None:
+    g = Geometry.of([2, 3], time_dim=0, valid_rows=None)  # time is the first dim: step 3
+    assert g.has_successor(torch.arange(6)).tolist() == [True] * 3 + [False] * 3
+    g = Geometry.of([4], time_dim=0, valid_rows=3)  # a replay buffer with len 3
+    assert g.has_successor(torch.arange(4)).tolist() == [True, True, False, False]
