@@ -70,10 +70,13 @@ Key = tuple[str, ...]
 
 @dataclass(frozen=True)
 class ArrayNames:
-    """Where one key's exception rows live in the container's array store."""
+    """Where one pair's exception rows live in the container's array store: rows
+    ``offset:offset + exception_rows`` of two arrays that every pair of one name shares (one
+    array per name keeps per-group overheads away from files of many demos)."""
 
     index: str
     rows: str
+    offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,8 @@ class Manifest:
     hash_block_rows: int = 0
     #: The container the dataset came in, where it differs from ``container`` (packed files).
     source_container: str | None = None
+    #: Bytes on disk of the dataset that was compressed.
+    source_bytes: int | None = None
     #: Adapter-owned JSON (e.g. HDF5 layouts of removed datasets), kept as it is.
     extra: dict[str, Any] = field(default_factory=dict)
     version: int = FORMAT_VERSION
@@ -170,6 +175,7 @@ class Manifest:
             "writer": self.writer,
             "format": self.container,
             "source_format": self.source_container,
+            "source_bytes": self.source_bytes,
             "batch_dims": self.batch_dims,
             "time_dim": self.time_dim,
             "valid_rows": self.valid_rows,
@@ -303,6 +309,7 @@ def parse(data: Any, *, file: str | Path | None = None) -> Manifest:
         "writer",
         "format",
         "source_format",
+        "source_bytes",
         "batch_dims",
         "time_dim",
         "valid_rows",
@@ -324,6 +331,7 @@ def parse(data: Any, *, file: str | Path | None = None) -> Manifest:
         hash_algorithm=algorithm,
         hash_block_rows=block_rows,
         source_container=top.get("source_format", str, optional=True),
+        source_bytes=top.count("source_bytes", optional=True),
         extra={k: v for k, v in top.data.items() if k not in known},
         version=version,
         writer=str(top.get("writer", str, optional=True) or "unknown"),
@@ -343,7 +351,11 @@ def _key_record(data: Any, where: str, file: str | Path | None, version: int) ->
     arrays = None
     if exception_rows:
         names = _Fields(f.get("arrays", dict), f.name("arrays"), file)
-        arrays = ArrayNames(names.get("index", str), names.get("rows", str))
+        arrays = ArrayNames(
+            names.get("index", str),
+            names.get("rows", str),
+            names.count("offset", optional=True) or 0,
+        )
         for name in (arrays.index, arrays.rows):
             if not name.replace(".", "").replace("_", "").isalnum():
                 names.fail(f.name("arrays"), f"names an unsafe array ({name!r})")

@@ -50,18 +50,24 @@ class Exceptions:
     """Rows stored in full precision: their sorted row numbers (in memory) and values (lazy)."""
 
     index: torch.Tensor
+    #: The shared rows array; this pair's rows start at ``offset``.
     values: Any
+    offset: int = 0
+
+    def rows(self) -> torch.Tensor:
+        """This pair's exception rows, all of them."""
+        return torch.as_tensor(self.values[self.offset : self.offset + self.index.numel()])
 
     def patch_slice(self, rebuilt: torch.Tensor, sl: slice) -> None:
         lo, hi = torch.searchsorted(self.index, torch.tensor([sl.start, sl.stop])).tolist()
         if hi > lo:
-            rebuilt[self.index[lo:hi] - sl.start] = self.values[lo:hi]
+            rebuilt[self.index[lo:hi] - sl.start] = self.values[self.offset + lo : self.offset + hi]
 
     def patch_rows(self, rebuilt: torch.Tensor, idx: torch.Tensor) -> None:
         pos = torch.searchsorted(self.index, idx).clamp_(max=self.index.numel() - 1)
         hit = self.index[pos] == idx
         if bool(hit.any()):
-            rebuilt[hit] = take(self.values, pos[hit])
+            rebuilt[hit] = take(self.values, pos[hit] + self.offset)
 
 
 def take(rows: Any, idx: torch.Tensor) -> torch.Tensor:
@@ -160,6 +166,9 @@ class StoredPair:
             self.codec, self.dtype, obs, delta, geometry, self.exceptions(source, obs, geometry)
         )
 
+    #: Rows of the shared exception arrays this pair's arrays hold (see :class:`ArrayNames`).
+    array_rows: int = 0
+
     def exceptions(self, source: Source, obs: Any, geometry: Geometry) -> Exceptions | None:
         """The exception rows: the index (8 bytes a row, read after the store checked its size)
         must be increasing and inside the valid rows."""
@@ -168,13 +177,14 @@ class StoredPair:
             return None
         if source.arrays is None or r.arrays is None:
             raise _damaged(source, r, "exception rows are missing")
-        n = r.exception_rows
-        index = torch.as_tensor(source.arrays.get(r.arrays.index, torch.int64, (n,))[:])
+        n, at = r.exception_rows, r.arrays.offset
+        shared = source.arrays.get(r.arrays.index, torch.int64, (self.array_rows,))
+        index = torch.as_tensor(shared[at : at + n])
         ordered = index.numel() < 2 or bool((index[1:] > index[:-1]).all())
         if not ordered or int(index[0]) < 0 or int(index[-1]) >= geometry.valid:
             raise _damaged(source, r, "exception row index is not increasing inside the rows")
-        values = source.arrays.get(r.arrays.rows, self.dtype, (n, *obs.shape[1:]))
-        return Exceptions(index, values)
+        values = source.arrays.get(r.arrays.rows, self.dtype, (self.array_rows, *obs.shape[1:]))
+        return Exceptions(index, values, at)
 
 
 def _damaged(source: Source, record: KeyRecord, what: str) -> InputError:
@@ -196,6 +206,12 @@ def stored_pairs(source: Source, manifest: Manifest) -> list[StoredPair]:
     """Every stored pair, each checked against the leaves on disk: the observation exists with
     the recorded dtype and enough rows, the stored leaf has the observation's shape and the
     stored dtype. Nothing is allocated from a figure the bytes on disk do not back."""
+    # Pairs of one name share their exception arrays: each array holds the rows of all of them.
+    array_rows: dict[str, int] = {}
+    for r in manifest.keys:
+        if r.arrays is not None:
+            end = r.arrays.offset + r.exception_rows
+            array_rows[r.arrays.index] = max(array_rows.get(r.arrays.index, 0), end)
     out = []
     for r in manifest.keys:
         codec = codec_from_config(r.codec)
@@ -222,12 +238,14 @@ def stored_pairs(source: Source, manifest: Manifest) -> list[StoredPair]:
                 )
             if delta.dtype != stored:
                 raise _damaged(source, r, f"stored leaf {key_str(r.delta_key)} has another dtype")
+        total = 0
         if r.arrays is not None:
             if source.arrays is None:
                 raise _damaged(source, r, "exception rows are missing")
+            total = array_rows[r.arrays.index]
             # Sizes only: the stores check the bytes on disk before anything is read.
-            source.arrays.get(r.arrays.index, torch.int64, (r.exception_rows,))
+            source.arrays.get(r.arrays.index, torch.int64, (total,))
             features = tuple(obs.shape[manifest.batch_dims :])
-            source.arrays.get(r.arrays.rows, dtype, (r.exception_rows, *features))
-        out.append(StoredPair(r, pair, codec, dtype))
+            source.arrays.get(r.arrays.rows, dtype, (total, *features))
+        out.append(StoredPair(r, pair, codec, dtype, total))
     return out

@@ -130,14 +130,19 @@ def write(
         ) from None
 
 
-def _stored_bytes(source: Source, s: StoredPair, rows: int, features: int) -> int:
+def _stored_bytes(
+    source: Source, s: StoredPair, rows: int, features: int, counted: set[str]
+) -> int:
     """Bytes a stored pair takes: on disk where the container tells (HDF5, after its filters),
-    else its values (the stored leaf, exception rows and their index)."""
+    else its values (the stored leaf, exception rows and their index). Exception arrays shared
+    by several pairs count once, with the first pair (``counted`` holds those seen)."""
     r = s.record
     leaf = source.leaves.get(s.pair.delta_key) if r.delta_key else None
     on_disk = [] if leaf is None else [getattr(leaf, "storage_bytes", lambda: None)()]
-    if r.exception_rows and source.arrays is not None and r.arrays is not None:
-        on_disk += [source.arrays.storage_bytes(n) for n in (r.arrays.index, r.arrays.rows)]
+    shared = [] if r.arrays is None else [r.arrays.index, r.arrays.rows]
+    if shared and source.arrays is not None:
+        on_disk += [source.arrays.storage_bytes(n) if n not in counted else 0 for n in shared]
+    counted.update(shared)
     if on_disk and all(b is not None for b in on_disk):
         return sum(b for b in on_disk if b is not None)
     small = r.exception_rows * (INDEX_BYTES + features * s.dtype.itemsize)
@@ -153,13 +158,14 @@ def recorded_results(
     one name, robomimic's demos, folded together)."""
     out: dict[str, KeyResult] = {}
     sums: dict[str, list[float]] = {}
+    counted: set[str] = set()
     for s in stored:
         r = s.record
         obs = source.leaves[s.pair.obs_key]
         rows = math.prod(obs.shape[: source.batch_dims])
         features = list(obs.shape[source.batch_dims :])
         raw = rows * math.prod(features) * s.dtype.itemsize
-        small = _stored_bytes(source, s, rows, math.prod(features))
+        small = _stored_bytes(source, s, rows, math.prod(features), counted)
         before, after = (small, raw) if restored else (raw, small)
         sums.setdefault(r.name, []).append(r.error.rmse**2 * r.rows * math.prod(features))
         k = out.get(r.name)
@@ -197,6 +203,9 @@ def recorded_results(
     return list(out.values())
 
 
-def original_size(size: int, keys: Sequence[KeyResult]) -> int:
-    """Bytes the plain dataset had, from a compressed one's size and its per-key figures."""
+def original_size(manifest: Manifest, size: int, keys: Sequence[KeyResult]) -> int:
+    """Bytes the plain dataset had: as recorded, else (format 1) from the compressed size and
+    the per-key figures."""
+    if manifest.source_bytes is not None:
+        return manifest.source_bytes
     return size + sum(k.bytes_before - k.bytes_after for k in keys)

@@ -28,7 +28,7 @@ from ..selection import KeyGroup, candidates, check_time_dim, dtype_name, select
 from ..stats import ErrorStats
 from ..stream import Stream
 from .common import DEFAULT_CHUNK_MB, check_bound, one_thread, open_input, stream_for, write
-from .encode import encode_pair, measure_pair
+from .encode import Pieces, encode_pair, measure_pair
 from .verify import verify_written
 
 
@@ -270,15 +270,19 @@ def _writer(
                 )
                 continue
             total = ErrorStats()
+            shared = (f"k{len(results)}.index", f"k{len(results)}.rows")
+            pieces = (Pieces(sink.arrays, shared[0]), Pieces(sink.arrays, shared[1]))
             for p in key.pairs:
-                names = ArrayNames(f"k{len(records)}.index", f"k{len(records)}.rows")
+                names = ArrayNames(*shared, offset=pieces[0].total)
                 stats, hashes = encode_pair(
-                    stream, source, p, c, bound, sink, (names.index, names.rows), HASH_ALGORITHM
+                    stream, source, p, c, bound, sink, pieces, HASH_ALGORITHM
                 )
                 if not exceptions and stats.exception_rows:
                     _refuse(stats, c, source.path, p)
                 records.append(_record(p, c, key.dtype, stats, names, bound, hashes))
                 total.merge(stats)
+            for piece in pieces:
+                piece.close()
             stored = c.stored_dtype(key.dtype)
             results.append(
                 key_result(
@@ -302,6 +306,7 @@ def _writer(
             keys=tuple(records),
             options=options,
             checksums=checksums,
+            source_bytes=disk_size(source.path),
         )
         return manifest.to_json()
 

@@ -57,16 +57,18 @@ def code_chunk(
 
 
 class Pieces:
-    """Appends to an array store in fixed pieces of rows, hashing what it appends."""
+    """Appends to an array store in fixed pieces of rows; ``total`` counts every row given."""
 
-    def __init__(self, store: ArrayStore, name: str, hasher: Hasher) -> None:
-        self.store, self.name, self.hasher = store, name, hasher
+    def __init__(self, store: ArrayStore, name: str) -> None:
+        self.store, self.name = store, name
         self.parts: list[torch.Tensor] = []
         self.count = 0
+        self.total = 0
 
     def append(self, rows: torch.Tensor) -> None:
         self.parts.append(rows)
         self.count += rows.shape[0]
+        self.total += rows.shape[0]
         piece = max(1, PIECE_BYTES // max(1, rows[:1].numel() * rows.element_size()))
         if self.count >= piece:
             buffered = torch.cat(self.parts)
@@ -82,7 +84,6 @@ class Pieces:
 
     def _write(self, rows: torch.Tensor) -> None:
         self.store.append(self.name, rows)
-        self.hasher.update(rows)
 
 
 def chunks(
@@ -111,32 +112,33 @@ def encode_pair(
     codec: Codec,
     bound: float | None,
     sink: Sink,
-    names: tuple[str, str],
+    exceptions: tuple[Pieces, Pieces],
     algorithm: str,
 ) -> tuple[ErrorStats, dict[str, str]]:
-    """Write ``pair``'s stored leaf and exception rows; return the figures and the hashes of the
-    original next observations, of what the rebuild gives, and of what was written."""
+    """Write ``pair``'s stored leaf and append its exception rows to ``exceptions`` (index,
+    rows); return the figures and the hashes of the original next observations, of what the
+    rebuild gives, and of what was written."""
     has_leaf = codec.stored_dtype(source.leaves[pair.obs_key].dtype) is not None
     dst = stream.flat(sink.leaves[pair.delta_key]) if has_leaf else None
     hashers = {name: Hasher(algorithm) for name in HASH_NAMES}
-    index = Pieces(sink.arrays, names[0], hashers["index"])
-    rows = Pieces(sink.arrays, names[1], hashers["rows"])
+    index, rows = exceptions
     stats = ErrorStats()
     extra = [] if dst is None else [dst]
     for block, sl, o, n, succ in chunks(stream, source, pair, codec.uses_successor, extra):
         c = code_chunk(codec, o, n, succ, bound)
         stats.count(c.verdict)
         if c.bad.numel():
-            index.append(c.bad + sl.start)
-            rows.append(n[c.bad])
+            at, values = c.bad + sl.start, n[c.bad]
+            index.append(at)
+            rows.append(values)
+            hashers["index"].update(at)
+            hashers["rows"].update(values)
         stats.update(n, c.rebuilt, exceptions=int(c.bad.numel()), same=c.verdict.same, block=block)
         hashers["next"].update(n)
         hashers["rebuilt"].update(c.rebuilt)
         if dst is not None and c.stored is not None:
             dst[sl] = c.stored
             hashers["stored"].update(c.stored)
-    index.close()
-    rows.close()
     geometry = stream.geometry(source.leaves[pair.obs_key])
     if dst is not None and geometry.valid < geometry.total:
         # Rows past a replay buffer's len are not data: store a zero delta for them.

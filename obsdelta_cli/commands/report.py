@@ -51,9 +51,10 @@ def report(
                 "report", str(input), None, fmt.name, False, size, size, note=fmt.nothing_to_do
             )
         if source.meta is not None:
-            stored = stored_pairs(source, manifest_of(source))
+            manifest = manifest_of(source)
+            stored = stored_pairs(source, manifest)
             results = recorded_results(source, stored, restored=False)
-            before = original_size(size, results)
+            before = original_size(manifest, size, results)
             return DatasetResult("report", str(input), None, fmt.name, True, before, size, results)
         time_dim = check_time_dim(source, time_dim)
         bound = (max_abs_error or 0.0) if codec == AUTO else max_abs_error
@@ -66,11 +67,13 @@ def report(
         pairs = select_pairs(fmt.pairs(source), source, keys, supports)
         stream = stream_for(source, time_dim, chunk_mb)
         results = []
+        picks: dict[str, str] = {}
         for key in KeyGroup.group(source, pairs):
             _codecs, cands, totals = measure_key(stream, source, key, shown)
             lossless = [c for c in cands if c.exact_rows == key.total_rows] if not bound else cands
             pick = auto_pick(lossless, key.raw_bytes) or "none"
             want = pick if codec == AUTO else codec
+            picks[key.name] = want
             chosen = next((i for i, c in enumerate(cands) if c.codec == want), None)
             picked = None if chosen is None else cands[chosen]
             results.append(
@@ -85,7 +88,9 @@ def report(
                     auto_pick=pick,
                 )
             )
+        removed = [p.next_key for p in pairs if picks.get(p.name, "none") != "none"]
+        saved = sum(k.bytes_before - k.bytes_after for k in results)
+        saved += fmt.bookkeeping(source, removed)
     finally:
         fmt.close(source)
-    saved = sum(k.bytes_before - k.bytes_after for k in results)
     return DatasetResult("report", str(input), None, fmt.name, False, size, size - saved, results)

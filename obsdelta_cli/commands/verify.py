@@ -62,7 +62,7 @@ def check_pair(source: Source, stream: Stream, s: StoredPair, algorithm: str) ->
     if rebuild.exceptions is not None:
         for name, array in (
             ("index", rebuild.exceptions.index),
-            ("rows", rebuild.exceptions.values[:]),
+            ("rows", rebuild.exceptions.rows()),
         ):
             hasher = Hasher(algorithm)
             hasher.update(array)
@@ -109,7 +109,7 @@ def verify(input: Path, *, chunk_mb: float = DEFAULT_CHUNK_MB) -> DatasetResult:
         fmt.close(source)
     size = disk_size(input)
     return DatasetResult(
-        "verify", str(input), None, fmt.name, True, original_size(size, keys), size, keys
+        "verify", str(input), None, fmt.name, True, original_size(manifest, size, keys), size, keys
     )
 
 

@@ -216,6 +216,11 @@ class Format(ABC):
     def finish(self, path: Path, sink: Sink, meta: dict[str, Any] | None) -> None:
         """Write ``meta`` (``None`` for a plain, inflated dataset) and flush ``sink``."""
 
+    def bookkeeping(self, source: Source, removed: list[Key]) -> int:
+        """Bytes besides their values that leave the container with the ``removed`` leaves
+        (HDF5 object headers and emptied groups), for size estimates. Default: none."""
+        return 0
+
     def close(self, source: Source) -> None:  # noqa: B027 - most containers hold nothing open
         """Release what :meth:`open` holds."""
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import zlib
 from abc import abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
@@ -134,13 +135,34 @@ def leaves_of(f: h5py.File, file: Path) -> dict[Key, Any]:
     return out
 
 
+#: A manifest longer than this is stored zlib-compressed (one record per robomimic demo and key
+#: adds up: hundreds of KB of repetitive JSON).
+PLAIN_META_BYTES = 1 << 16
+#: Largest manifest read back: far beyond any obsdelta writes, so a crafted attribute cannot
+#: make reading it take more memory than this.
+MAX_META_BYTES = 1 << 28
+
+
+def encode_meta(meta: dict[str, Any]) -> str | np.void:
+    """The manifest as the root attribute holds it: JSON text, or zlib-compressed JSON bytes."""
+    text = json.dumps(meta)
+    if len(text) <= PLAIN_META_BYTES:
+        return text
+    return np.void(zlib.compress(text.encode(), 6))
+
+
 def read_meta(f: h5py.File, file: Path) -> dict[str, Any] | None:
     raw = f.attrs.get(META_ATTR)
     if raw is None:
         return None
     try:
+        if isinstance(raw, np.void):
+            inflater = zlib.decompressobj()
+            raw = inflater.decompress(raw.tobytes(), MAX_META_BYTES)
+            if inflater.unconsumed_tail:
+                raise ValueError("too long")
         meta = json.loads(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, zlib.error):
         raise InputError(
             "the obsdelta attribute is not JSON", file=file, hint="damaged file"
         ) from None
@@ -295,6 +317,18 @@ class HDF5Format(Format):
     def close(self, source: Source) -> None:
         source.handle.close()
 
+    def bookkeeping(self, source: Source, removed: list[Key]) -> int:
+        f: h5py.File = source.handle
+        gone = {key_str(k) for k in removed}
+        total = sum(_header_bytes(f[name], group=False) for name in gone if name in f)
+        parents = {name.rpartition("/")[0] for name in gone}
+        for parent in parents - {""}:
+            group = f[parent]
+            emptied = all(f"{parent}/{child}" in gone for child in group)
+            if emptied and not len(group.attrs):
+                total += _header_bytes(group, group=True)
+        return total
+
     def create(self, path: Path, source: Source, plan: Plan) -> Sink:
         src: h5py.File = source.handle
         # No chunk cache: each chunk goes to disk as soon as it is whole, in row order, so the
@@ -376,10 +410,19 @@ class HDF5Format(Format):
         try:
             if meta is not None:
                 meta["hdf5_layouts"] = new_layouts
-                out.attrs[META_ATTR] = json.dumps(meta)
+                out.attrs[META_ATTR] = encode_meta(meta)
             out.flush()
         finally:
             out.close()
+
+
+def _header_bytes(obj: Any, *, group: bool) -> int:
+    """An object's header, and for a group its link index and name heap."""
+    info = h5py.h5o.get_info(obj.id)
+    total = int(info.hdr.space.total)
+    if group:
+        total += int(info.meta_size.obj.index_size + info.meta_size.obj.heap_size)
+    return total
 
 
 def _close_quietly(f: h5py.File) -> None:
@@ -397,8 +440,25 @@ def _arrays_kwargs(src: h5py.File, plan: Plan) -> dict[str, Any]:
     return {}
 
 
+def _is_plain(ds: h5py.Dataset) -> bool:
+    """Contiguous, unfiltered, default fill, no attributes, fixed size: what ``create_dataset``
+    with a shape and dtype alone makes (robomimic's default)."""
+    dcpl = ds.id.get_create_plist()
+    return (
+        dcpl.get_layout() == h5py.h5d.CONTIGUOUS
+        and dcpl.get_nfilters() == 0
+        and dcpl.fill_value_defined() == h5py.h5d.FILL_VALUE_DEFAULT
+        and not len(ds.attrs)
+        and ds.maxshape == ds.shape
+        and torch_dtype(ds.dtype) is not None
+    )
+
+
 def _keep_layout(out: h5py.File, original: h5py.Dataset) -> None:
-    """An empty dataset with ``original``'s dtype, creation properties and attributes."""
+    """An empty dataset with ``original``'s dtype, creation properties and attributes; nothing
+    for a plain dataset (``inflate`` recreates one from its shape and dtype)."""
+    if _is_plain(original):
+        return
     path = original.name.lstrip("/")
     parent, _, name = f"{OWN}/layout/{path}".rpartition("/")
     group = out.require_group(parent)
