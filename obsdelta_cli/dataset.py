@@ -31,9 +31,8 @@ import torch
 from torch.utils.data import Dataset
 
 from .commands.common import manifest_of, open_input, stream_for
-from .errors import UsageError
 from .formats import Key, Source
-from .formats.leaf import is_data
+from .formats.leaf import as_rows, is_data
 from .rebuild import StoredPair, stored_pairs, take
 
 if TYPE_CHECKING:  # tensordict costs seconds to import; HDF5 work never needs it
@@ -71,9 +70,6 @@ class ObsdeltaDataset(Dataset):
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         fmt, source = open_input(self.path)
-        if fmt.nothing_to_do:
-            fmt.close(source)
-            raise UsageError(fmt.nothing_to_do, file=self.path)
         self._fmt, self._source = fmt, source
         manifest = manifest_of(source) if source.meta is not None else None
         stored = stored_pairs(source, manifest) if manifest is not None else []
@@ -90,6 +86,8 @@ class ObsdeltaDataset(Dataset):
             for k, v in source.leaves.items()
             if is_data(v) and k not in hidden and k[0] != "obsdelta"
         }
+        if fmt == "minari-hdf5":
+            return _minari_segments(leaves)
         if fmt == "robomimic-hdf5":
             demos: dict[str, dict[Key, Any]] = {}
             for key in [*leaves, *rebuilt]:
@@ -167,6 +165,48 @@ class ObsdeltaDataset(Dataset):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["path"])  # type: ignore[misc]
+
+
+MINARI_NAMES: dict[str, Key] = {
+    "actions": ("action",),
+    "rewards": ("next", "reward"),
+    "terminations": ("next", "terminated"),
+    "truncations": ("next", "truncated"),
+}
+
+
+def _minari_segments(leaves: dict[Key, Any]) -> list[_Segment]:
+    """Minari stores each episode's T+1 observations once: transition ``t`` of an episode has
+    ``observations[t]`` and, as its next observation, ``observations[t + 1]``."""
+    episodes: dict[str, dict[Key, Any]] = {}
+    for key, leaf in leaves.items():
+        if key[0].startswith("episode_") and len(key) > 1:
+            episodes.setdefault(key[0], {})[key[1:]] = as_rows(leaf, 1)
+    segments = []
+    for _, ep in sorted(episodes.items(), key=lambda item: _demo_number(item[0])):
+        observations = {k: v for k, v in ep.items() if k[0] == "observations"}
+        if not observations:
+            continue
+        steps = min(v.shape[0] for v in observations.values()) - 1
+        readers: dict[Key, Reader] = {}
+        for key, rows in observations.items():
+            name = key[1:] or ("observation",)
+            readers[name] = _reader(rows)
+            readers[("next", *name)] = _shifted(rows)
+        for key, rows in ep.items():
+            if key[0] != "observations" and len(key) == 1 and rows.shape[0] == steps:
+                readers[MINARI_NAMES.get(key[0], key)] = _reader(rows)
+        if ("next", "terminated") in readers:
+            readers[("next", "done")] = _done(readers)
+        segments.append(_Segment(max(0, steps), readers))
+    return segments
+
+
+def _shifted(rows: Any) -> Reader:
+    def read(idx: torch.Tensor) -> torch.Tensor:
+        return take(rows, idx + 1)
+
+    return read
 
 
 def _reader(rows: Any) -> Reader:

@@ -109,3 +109,38 @@ def test_d4rl_and_robomimic_get_ted_names() -> None:
     batch = robo[0:463]
     assert batch["camera_image"].dtype == torch.uint8
     assert {"camera_image", "qpos", "qvel", "reward", "done"} <= set(batch["next"].keys())
+
+
+def test_minari_transitions(tmp_path: Path, hopper: TensorDictBase) -> None:
+    """Minari stores T+1 observations per episode: one row per transition, and the next
+    observation is observations[t + 1] of the same episode."""
+    src = WRITERS["minari-hdf5"](hopper, tmp_path / "main_data")
+    everything = _everything(src)
+    assert everything.shape[0] == hopper.shape[0]
+    for key in (("observation",), ("next", "observation"), ("action",), ("next", "reward")):
+        assert torch.equal(everything[key].reshape(hopper[key].shape), hopper[key]), key
+    ends = hopper["next", "done"].reshape(-1)
+    assert torch.equal(everything["next", "done"], ends)
+
+
+def test_rows_come_from_the_transitions_not_from_metadata(
+    tmp_path: Path, hopper: TensorDictBase
+) -> None:
+    """D4RL v2 files keep the behaviour policy under metadata/: a 3x256 weight matrix is not
+    three transitions."""
+    import h5py
+
+    src = WRITERS["d4rl-hdf5"](hopper, tmp_path / "in")
+    with h5py.File(src, "a") as f:
+        f["metadata/policy/last_fc/weight"] = torch.randn(3, 256).numpy()
+        f["metadata/policy/fc0/weight"] = torch.randn(256, 11).numpy()
+        f["infos/qpos"] = torch.randn(hopper.shape[0], 6).numpy()
+    for path in (src, tmp_path / "small.hdf5"):
+        if path != src:
+            compress(src, path)
+        data = open_dataset(path)
+        assert len(data) == hopper.shape[0]
+        batch = data[torch.arange(len(data))]
+        assert ("metadata", "policy", "last_fc", "weight") not in batch.keys(True, True)
+        assert batch["infos", "qpos"].shape == (hopper.shape[0], 6)
+        data.close()
