@@ -12,6 +12,7 @@ from typing import Any
 import h5py
 import numpy as np
 import pytest
+import torch
 from tensordict import TensorDictBase
 
 from obsdelta_cli import compress, inflate, report
@@ -284,3 +285,24 @@ def test_peak_memory_does_not_grow_with_the_file(tmp_path: Path, hopper: TensorD
     small, big = peaks
     print(f"peak RSS: {small:.0f} MB (40 MB file), {big:.0f} MB (160 MB file)")
     assert big - small < 24, peaks
+
+
+@pytest.mark.parametrize("codec", ["exact", "fp16", "q8"])
+def test_compressed_ted_hdf5_opens_with_from_h5(
+    tmp_path: Path, cheetah: TensorDictBase, codec: str
+) -> None:
+    """obsdelta's own arrays are opaque and its layout copies have the batch shape, so
+    tensordict's reader accepts the compressed file with the batch size of the data."""
+    from tensordict import PersistentTensorDict
+
+    td = cheetah.reshape(-1).clone()
+    td["next", "observation"][7] = 1e6  # an exception row for every codec
+    src = write_ted_hdf5(td, tmp_path / "in")
+    small = tmp_path / "small.h5"
+    result = compress(src, small, codec=codec, max_abs_error=1e-2 if codec == "q8" else None)
+    assert result.keys[0].exception_rows >= 1
+    opened = PersistentTensorDict.from_h5(small, batch_size=[td.shape[0]])
+    local = opened.to_tensordict()
+    assert torch.equal(local["observation"], td["observation"])
+    assert (("next", "delta", "observation") in local.keys(True, True)) == (codec != "exact")
+    opened.close()

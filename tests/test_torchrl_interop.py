@@ -86,3 +86,26 @@ def test_d4rl_reader_reads_the_inflated_file_unchanged(tmp_path: Path) -> None:
         assert type(got[name]) is type(value)
         assert getattr(got[name], "dtype", None) == getattr(value, "dtype", None)
         assert np.asarray(got[name]).tobytes() == np.asarray(value).tobytes(), name
+
+
+def test_torchrl_rebuilds_a_compressed_ted_hdf5(tmp_path: Path, hopper: TensorDictBase) -> None:
+    """PersistentTensorDict.from_h5 opens a TED-HDF5 compressed with fp16, and TorchRL's
+    transform rebuilds ("next", obs) within the reported error (at exception rows, which only
+    obsdelta rebuilds, the stored delta is zero)."""
+    from tensordict import PersistentTensorDict
+
+    from .writers import write_ted_hdf5
+
+    td = hopper.clone()
+    td["next", "observation"][5] = 1e6  # beyond float16: an exception row
+    src = write_ted_hdf5(td, tmp_path / "in")
+    result = compress(src, tmp_path / "small.h5", codec="fp16")
+    (key,) = result.keys
+    opened = PersistentTensorDict.from_h5(tmp_path / "small.h5", batch_size=[td.shape[0]])
+    local = opened.to_tensordict().exclude("obsdelta")
+    opened.close()
+    batch = _sample_all(local, [("observation",)], tmp_path / "scratch")
+    index = batch["index"]
+    err = (batch["next", "observation"] - td["next", "observation"][index]).abs().amax(-1)
+    assert key.exception_rows == 1
+    assert 0 < float(err[index != 5].max()) <= key.max_abs_error

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import zlib
 from abc import abstractmethod
 from collections.abc import Iterator
@@ -37,6 +38,8 @@ META_ATTR = "obsdelta"
 OWN = "obsdelta"
 #: Attribute marking a uint16 dataset that holds bfloat16 bits (numpy has no bfloat16).
 BF16_ATTR = "obsdelta_dtype"
+#: Attribute of obsdelta's opaque arrays: the torch dtype of their values.
+ARRAY_DTYPE = "obsdelta_dtype"
 
 hdf5plugin: Any
 try:  # registers Zstd, Blosc, LZ4, ... filters for reading and writing, when installed
@@ -116,6 +119,39 @@ class H5Leaf(LazyLeaf):
             value = value.view(torch.int16)
         array = value.contiguous().numpy()
         self.ds[start : start + len(array)] = array.view(self.ds.dtype)
+
+
+class OpaqueLeaf(LazyLeaf):
+    """obsdelta's own array rows in an opaque dataset, one element per row.
+
+    HDF5 readers (tensordict's ``PersistentTensorDict`` among them) treat opaque data as
+    non-tensor, so these arrays never get in the way of a batch size. The dtype and the
+    feature shape are attributes.
+    """
+
+    def __init__(self, ds: h5py.Dataset, file: Path, dtype: torch.dtype, features: tuple[int, ...]):
+        self.ds = ds
+        self.file = file
+        self.dtype = dtype
+        self.shape = (ds.shape[0], *features)
+        self.chunk_rows = ds.chunks[0] if ds.chunks else 1
+
+    def read(self, start: int, stop: int) -> torch.Tensor:
+        try:
+            array = self.ds[start:stop]
+        except (OSError, ValueError) as exc:
+            raise InputError(
+                f"cannot read rows {start}:{stop} ({exc})",
+                file=self.file,
+                key=self.ds.name.lstrip("/"),
+                hint="the file is damaged",
+            ) from None
+        raw = torch.from_numpy(np.ascontiguousarray(array).view(np.uint8).reshape(-1))
+        return raw.view(self.dtype).reshape(-1, *self.shape[1:])
+
+    def write(self, start: int, value: torch.Tensor) -> None:
+        raw = value.contiguous().reshape(len(value), -1).view(torch.uint8).numpy()
+        self.ds[start : start + len(value)] = raw.view(self.ds.dtype).reshape(-1)
 
 
 def leaves_of(f: h5py.File, file: Path) -> dict[Key, Any]:
@@ -242,26 +278,25 @@ class H5Arrays(ArrayStore):
 
     def append(self, name: str, rows: torch.Tensor) -> None:
         group = self.f.require_group(f"{OWN}/arrays")
-        array = (rows.view(torch.int16) if rows.dtype == torch.bfloat16 else rows).numpy()
+        features = tuple(rows.shape[1:])
+        row_bytes = max(1, math.prod(features) * rows.element_size())
         if name not in group:
-            feats = array.shape[1:]
             # Exceptions are usually few: small chunks keep a handful of rows small on disk.
-            chunk_rows = max(1, min(1024, (1 << 16) // max(1, array[:1].nbytes)))
+            chunk_rows = max(1, min(1024, (1 << 16) // row_bytes))
             ds = group.create_dataset(
                 name,
-                shape=(0, *feats),
-                maxshape=(None, *feats),
-                dtype=array.dtype,
-                chunks=(chunk_rows, *feats),
+                shape=(0,),
+                maxshape=(None,),
+                dtype=h5py.opaque_dtype(np.dtype(f"V{row_bytes}")),
+                chunks=(chunk_rows,),
                 track_times=False,
                 **self.kwargs,
             )
-            if rows.dtype == torch.bfloat16:
-                ds.attrs[BF16_ATTR] = "bfloat16"
+            ds.attrs[ARRAY_DTYPE] = str(rows.dtype).removeprefix("torch.")
         ds = group[name]
         n = ds.shape[0]
-        ds.resize(n + len(array), axis=0)
-        ds[n:] = array
+        ds.resize(n + len(rows), axis=0)
+        OpaqueLeaf(ds, self.file, rows.dtype, features).write(n, rows)
 
     def storage_bytes(self, name: str) -> int | None:
         ds = self.f.get(f"{OWN}/arrays/{name}")
@@ -269,13 +304,23 @@ class H5Arrays(ArrayStore):
 
     def get(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> Any:
         ds = self.f.get(f"{OWN}/arrays/{name}")
-        if ds is None or tuple(ds.shape) != tuple(shape):
-            raise InputError(
-                f"array {name} is missing or not of shape {list(shape)}",
-                file=self.file,
-                hint="the compressed file is damaged",
-            )
-        return FlatRows(H5Leaf(ds, self.file), 1)
+        if isinstance(ds, h5py.Dataset) and h5py.check_opaque_dtype(ds.dtype):
+            features = tuple(shape[1:])
+            stored = str(ds.attrs.get(ARRAY_DTYPE, ""))
+            row_bytes = max(1, math.prod(features) * dtype.itemsize)
+            if (
+                ds.shape == (shape[0],)
+                and stored == str(dtype).removeprefix("torch.")
+                and ds.dtype.itemsize == row_bytes
+            ):
+                return FlatRows(OpaqueLeaf(ds, self.file, dtype, features), 1)
+        elif isinstance(ds, h5py.Dataset) and tuple(ds.shape) == tuple(shape):
+            return FlatRows(H5Leaf(ds, self.file), 1)  # format 1: numeric arrays
+        raise InputError(
+            f"array {name} is missing or not of shape {list(shape)} {dtype}",
+            file=self.file,
+            hint="the compressed file is damaged",
+        )
 
 
 class HDF5Format(Format):
@@ -355,7 +400,8 @@ class HDF5Format(Format):
         for key in plan.replaced:
             original = src[key_str(key)]
             _keep_layout(out, original)
-            new_layouts[key_str(key)] = {"maxshape": list(original.maxshape)}
+            alloc = original.id.get_create_plist().get_alloc_time()
+            new_layouts[key_str(key)] = {"maxshape": list(original.maxshape), "alloc_time": alloc}
         leaves: dict[Key, Any] = {}
         for key, spec in plan.new.items():
             ds = self._new_dataset(src, out, key, spec, kwargs, layouts)
@@ -394,8 +440,11 @@ class HDF5Format(Format):
             if layout is None:
                 ds = group.create_dataset(name, shape=spec.shape, dtype=dtype, track_times=False)
             else:
-                maxshape = tuple(layouts.get(path, {}).get("maxshape") or spec.shape)
+                recorded = layouts.get(path) or {}
+                maxshape = tuple(recorded.get("maxshape") or spec.shape)
                 dcpl = dcpl_like(layout.id.get_create_plist(), True)
+                if recorded.get("alloc_time") in _ALLOC_TIMES:
+                    dcpl.set_alloc_time(recorded["alloc_time"])
                 ds = _create(group, name, layout.dtype, spec.shape, maxshape, dcpl)
                 copy_attrs(layout, ds)
         if spec.dtype == torch.bfloat16:
@@ -455,19 +504,24 @@ def _is_plain(ds: h5py.Dataset) -> bool:
 
 
 def _keep_layout(out: h5py.File, original: h5py.Dataset) -> None:
-    """An empty dataset with ``original``'s dtype, creation properties and attributes; nothing
-    for a plain dataset (``inflate`` recreates one from its shape and dtype)."""
+    """A dataset with ``original``'s shape, dtype, creation properties and attributes that is
+    never written, so it takes no storage; nothing for a plain dataset (``inflate`` recreates
+    one from its shape and dtype). It has the batch shape, so readers that check every dataset
+    against a batch size (``PersistentTensorDict.from_h5``) accept the file."""
     if _is_plain(original):
         return
     path = original.name.lstrip("/")
     parent, _, name = f"{OWN}/layout/{path}".rpartition("/")
     group = out.require_group(parent)
-    dcpl = original.id.get_create_plist()
+    dcpl = dcpl_like(original.id.get_create_plist(), True)
     chunked = dcpl.get_layout() == h5py.h5d.CHUNKED
-    shape = (0, *original.shape[1:])
-    maxshape = (None if chunked else 0, *original.shape[1:])
-    layout = _create(group, name, original.dtype, shape, maxshape, dcpl_like(dcpl, True))
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_INCR if chunked else h5py.h5d.ALLOC_TIME_LATE)
+    layout = _create(group, name, original.dtype, original.shape, original.maxshape, dcpl)
     copy_attrs(original, layout)
+
+
+#: Allocation times HDF5 knows (a recorded one is restored on inflate).
+_ALLOC_TIMES = (h5py.h5d.ALLOC_TIME_EARLY, h5py.h5d.ALLOC_TIME_LATE, h5py.h5d.ALLOC_TIME_INCR)
 
 
 def _copy_tree(src: h5py.Group, dst: h5py.Group, dropped: set[str]) -> None:
