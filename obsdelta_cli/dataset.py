@@ -33,7 +33,7 @@ from torch.utils.data import Dataset
 from .commands.common import manifest_of, open_input, stream_for
 from .formats import Key, Source
 from .formats.leaf import as_rows, is_data
-from .rebuild import StoredPair, stored_pairs, take
+from .rebuild import StoredPair, searchsorted, stored_pairs, take
 
 if TYPE_CHECKING:  # tensordict costs seconds to import; HDF5 work never needs it
     from tensordict import TensorDictBase
@@ -135,8 +135,11 @@ class ObsdeltaDataset(Dataset):
         if idx.numel() and (int(idx.min()) < -len(self) or int(idx.max()) >= len(self)):
             raise IndexError(f"index out of range for {len(self)} transitions")
         idx = idx % max(1, len(self))
-        segment = torch.searchsorted(self._offsets, idx, right=True) - 1
         parts: dict[Key, torch.Tensor] = {}
+        if len(self._segments) == 1:  # one geometry (TED, D4RL): no scatter needed
+            parts = {key: read(idx) for key, read in self._segments[0].readers.items()}
+            return _tensordict(parts, idx.numel())
+        segment = searchsorted(self._offsets, idx, right=True) - 1
         for i, seg in enumerate(self._segments):
             mask = segment == i
             if not bool(mask.any()):
@@ -147,9 +150,7 @@ class ObsdeltaDataset(Dataset):
                 if key not in parts:
                     parts[key] = torch.empty((idx.numel(), *values.shape[1:]), dtype=values.dtype)
                 parts[key][mask] = values
-        from tensordict import TensorDict
-
-        return TensorDict(dict(parts), batch_size=[idx.numel()])
+        return _tensordict(parts, idx.numel())
 
     def __getitems__(self, indices: list[int]) -> TensorDictBase:
         # DataLoader hands a whole batch of indices here: one vectorised read per batch.
@@ -165,6 +166,12 @@ class ObsdeltaDataset(Dataset):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["path"])  # type: ignore[misc]
+
+
+def _tensordict(parts: dict[Key, torch.Tensor], rows: int) -> TensorDictBase:
+    from tensordict import TensorDict
+
+    return TensorDict(dict(parts), batch_size=[rows])
 
 
 MINARI_NAMES: dict[str, Key] = {

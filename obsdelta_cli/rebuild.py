@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from .codecs import Codec, codec_from_config
@@ -59,15 +60,24 @@ class Exceptions:
         return torch.as_tensor(self.values[self.offset : self.offset + self.index.numel()])
 
     def patch_slice(self, rebuilt: torch.Tensor, sl: slice) -> None:
-        lo, hi = torch.searchsorted(self.index, torch.tensor([sl.start, sl.stop])).tolist()
+        lo, hi = searchsorted(self.index, torch.tensor([sl.start, sl.stop])).tolist()
         if hi > lo:
             rebuilt[self.index[lo:hi] - sl.start] = self.values[self.offset + lo : self.offset + hi]
 
     def patch_rows(self, rebuilt: torch.Tensor, idx: torch.Tensor) -> None:
-        pos = torch.searchsorted(self.index, idx).clamp_(max=self.index.numel() - 1)
+        pos = searchsorted(self.index, idx).clamp_(max=self.index.numel() - 1)
         hit = self.index[pos] == idx
         if bool(hit.any()):
             rebuilt[hit] = take(self.values, pos[hit] + self.offset)
+
+
+def searchsorted(sorted_values: torch.Tensor, values: torch.Tensor, right: bool = False) -> Any:
+    """``torch.searchsorted`` through numpy: torch starts a parallel region for it, which costs
+    milliseconds a call with two threads here (training reads call it on every batch)."""
+    found = np.searchsorted(
+        sorted_values.numpy(), values.numpy(), side="right" if right else "left"
+    )
+    return torch.from_numpy(np.asarray(found))
 
 
 def take(rows: Any, idx: torch.Tensor) -> torch.Tensor:
@@ -76,6 +86,9 @@ def take(rows: Any, idx: torch.Tensor) -> torch.Tensor:
         return rows[idx]
     if idx.numel() == 0:
         return torch.empty((0, *rows.shape[1:]), dtype=rows.dtype)
+    gathered = rows.gather(idx)
+    if gathered is not None:
+        return gathered
     order = torch.argsort(idx)
     sorted_idx = idx[order]
     out = torch.empty((idx.numel(), *rows.shape[1:]), dtype=rows.dtype)
@@ -129,13 +142,16 @@ class Rebuild:
 
     def take(self, idx: torch.Tensor) -> torch.Tensor:
         """Rows ``idx`` (any order), one gather per leaf."""
-        obs = take(self.obs, idx)
         successor = None
         if self.codec.uses_successor:
+            # The rows and their successors in one gather: one read of the observations.
             has = self.geometry.has_successor(idx)
+            both = take(self.obs, torch.cat([idx, idx[has] + self.geometry.step]))
+            obs = both[: idx.numel()]
             successor = obs.clone()
-            if bool(has.any()):
-                successor[has] = take(self.obs, idx[has] + self.geometry.step)
+            successor[has] = both[idx.numel() :]
+        else:
+            obs = take(self.obs, idx)
         stored = None if self.delta is None else take(self.delta, idx)
         rebuilt = decode(self.codec, obs, stored, successor, self.dtype)
         if self.exceptions is not None:

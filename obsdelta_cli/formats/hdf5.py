@@ -96,6 +96,7 @@ class H5Leaf(LazyLeaf):
         chunks = ds.chunks
         #: Rows per HDF5 chunk along the first dimension: reads aligned to it touch each chunk once.
         self.chunk_rows = chunks[0] if chunks else 1
+        self._mapped: torch.Tensor | bool | None = None
 
     def storage_bytes(self) -> int:
         """Bytes the dataset takes in the file, after its filters."""
@@ -107,6 +108,41 @@ class H5Leaf(LazyLeaf):
         except (OSError, ValueError) as exc:
             raise InputError(
                 f"cannot read rows {start}:{stop} ({exc})",
+                file=self.file,
+                key=self.ds.name.lstrip("/"),
+                hint="the file is damaged",
+            ) from None
+        t = torch.from_numpy(np.ascontiguousarray(array))
+        return t.view(torch.bfloat16) if self.bf16 else t
+
+    def mapped(self) -> torch.Tensor | None:
+        """A contiguous, unfiltered dataset mapped read-only (copy on write) from the file, for
+        random access at memory speed; ``None`` for chunked or filtered ones."""
+        if self._mapped is None:
+            self._mapped = False
+            dcpl = self.ds.id.get_create_plist()
+            offset = self.ds.id.get_offset()
+            dtype = self.ds.dtype
+            nbytes = math.prod(self.shape) * dtype.itemsize
+            if (
+                dcpl.get_layout() == h5py.h5d.CONTIGUOUS
+                and offset is not None
+                and nbytes
+                and dtype.byteorder in "=<|"
+                and offset + nbytes <= self.file.stat().st_size
+            ):
+                array = np.memmap(self.file, dtype, mode="c", offset=offset, shape=self.shape)
+                t = torch.from_numpy(array)
+                self._mapped = t.view(torch.bfloat16) if self.bf16 else t
+        return self._mapped if isinstance(self._mapped, torch.Tensor) else None
+
+    def select(self, rows: np.ndarray) -> torch.Tensor:
+        """Rows ``rows`` (sorted, distinct) in one read."""
+        try:
+            array = self.ds[rows]
+        except (OSError, ValueError) as exc:
+            raise InputError(
+                f"cannot read {len(rows)} rows ({exc})",
                 file=self.file,
                 key=self.ds.name.lstrip("/"),
                 hint="the file is damaged",

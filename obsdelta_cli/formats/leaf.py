@@ -17,6 +17,7 @@ import os
 from abc import ABC, abstractmethod
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -57,6 +58,19 @@ class FlatRows:
         block = self.leaf.read(first, last).reshape(-1, *self.features)
         offset = first * self.per_first
         return block[start - offset : stop - offset]
+
+    def gather(self, idx: torch.Tensor) -> torch.Tensor | None:
+        """Rows ``idx`` in one gather where the leaf can (a mapped file, or one read of the
+        sorted distinct rows); else ``None``."""
+        mapped = getattr(self.leaf, "mapped", None)
+        table = None if mapped is None else mapped()
+        if table is not None:
+            return table.reshape(-1, *self.features)[idx]
+        select = getattr(self.leaf, "select", None)
+        if select is None or self.per_first != 1:
+            return None
+        rows, inverse = np.unique(idx.numpy(), return_inverse=True)
+        return select(rows)[torch.from_numpy(inverse.reshape(-1))]
 
     def __setitem__(self, key: slice, value: Any) -> None:
         start, stop = self._span(key)
@@ -107,6 +121,7 @@ class FileLeaf(LazyLeaf):
         self.dtype = dtype
         self.shape = tuple(shape)
         self.row_bytes = math.prod(shape[1:]) * dtype.itemsize
+        self._mapped: torch.Tensor | None = None
         self.fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
 
     def read(self, start: int, stop: int) -> torch.Tensor:
@@ -120,6 +135,15 @@ class FileLeaf(LazyLeaf):
                 raise OSError(f"{self.path}: unexpected end of file")
             done += n
         return out.view(self.dtype).view(count, *self.shape[1:])
+
+    def mapped(self) -> torch.Tensor:
+        """The whole leaf mapped read-only and privately, for random access (training reads):
+        pages come from the page cache as rows are touched, and nothing can write through."""
+        if self._mapped is None:
+            numel = math.prod(self.shape)
+            flat = torch.from_file(self.path, shared=False, size=numel, dtype=self.dtype)
+            self._mapped = flat.view(self.shape)
+        return self._mapped
 
     def write(self, start: int, value: torch.Tensor) -> None:
         raw = value.contiguous().reshape(-1).view(torch.uint8).numpy().data
