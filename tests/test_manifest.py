@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from obsdelta_cli import compress, inflate, report, verify
 from obsdelta_cli.errors import FormatVersionError, InputError
-from obsdelta_cli.manifest import FORMAT_VERSION, parse
+from obsdelta_cli.manifest import FORMAT_VERSION, content_hash, parse
 
 from .conftest import SAMPLE, Cli
 
@@ -38,7 +38,11 @@ def test_round_trip(stored: dict[str, Any]) -> None:
     assert manifest.to_json() == stored
 
 
-def _set(data: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+def _set(
+    data: dict[str, Any], path: tuple[Any, ...], value: Any, *, seal: bool = True
+) -> dict[str, Any]:
+    """``data`` with the field at ``path`` replaced (or deleted); ``seal`` recomputes the
+    manifest's own hash, as an editor that knows the format would, so the field checks run."""
     out = copy.deepcopy(data)
     node = out
     for part in path[:-1]:
@@ -47,6 +51,8 @@ def _set(data: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, A
         del node[path[-1]]
     else:
         node[path[-1]] = value
+    if seal and path != ("manifest_hash",):
+        out["manifest_hash"] = content_hash({k: v for k, v in out.items() if k != "manifest_hash"})
     return out
 
 
@@ -89,6 +95,18 @@ def test_malformed_field_is_one_clear_error(
     with pytest.raises(InputError, match="damaged or was edited") as info:
         parse(_set(stored, path, value), file="f")
     assert says in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [(("keys", 0, "rows"), 2999), (("keys", 0, "max_abs_error"), 0.5), (("valid_rows",), 7)],
+)
+def test_edited_manifest_is_caught_by_its_hash(
+    stored: dict[str, Any], path: tuple[Any, ...], value: Any
+) -> None:
+    """A change that still parses (a bit flip in a figure) does not match the manifest hash."""
+    with pytest.raises(InputError, match="manifest_hash does not match"):
+        parse(_set(stored, path, value, seal=False), file="f")
 
 
 def test_newer_version_asks_for_an_upgrade(stored: dict[str, Any]) -> None:

@@ -108,6 +108,7 @@ def write(
     try:
         with atomic_output(output, source=source.path, force=force) as tmp:
             sink = fmt.create(tmp, source, plan)
+            sink.path = tmp
             try:
                 meta = fill(sink)
                 fmt.finish(tmp, sink, meta)

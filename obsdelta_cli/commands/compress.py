@@ -21,7 +21,7 @@ import torch
 
 from ..codecs import AUTO, DEFAULT_CODEC, Codec, make_codec
 from ..errors import DataError, InputError, UsageError
-from ..formats import Key, LeafSpec, Pair, Plan, Sink, Source, disk_size, key_str
+from ..formats import Format, Key, LeafSpec, Pair, Plan, Sink, Source, disk_size, key_str
 from ..manifest import HASH_ALGORITHM, ArrayNames, Error, KeyRecord, Manifest
 from ..report import Candidate, DatasetResult, KeyResult
 from ..selection import KeyGroup, candidates, check_time_dim, dtype_name, select_pairs
@@ -29,7 +29,7 @@ from ..stats import ErrorStats
 from ..stream import Stream
 from .common import DEFAULT_CHUNK_MB, check_bound, one_thread, open_input, stream_for, write
 from .encode import Pieces, encode_pair, measure_pair
-from .verify import verify_written
+from .verify import object_skip, verify_written
 
 
 def key_result(
@@ -214,7 +214,7 @@ def compress(
             pick = auto_pick(cands, key.raw_bytes)
             plans.append((key, next((c for c in codecs if c.id == pick), None), cands))
         results: list[KeyResult] = []
-        plan, fill = _writer(source, fmt.name, stream, plans, bound, exceptions, options, results)
+        plan, fill = _writer(source, fmt, stream, plans, bound, exceptions, options, results)
         check = (lambda tmp: verify_written(tmp, chunk_mb)) if verify else None
         write(fmt, source, output, plan, fill, force, check)
     finally:
@@ -233,7 +233,7 @@ def compress(
 
 def _writer(
     source: Source,
-    container: str,
+    fmt: Format,
     stream: Stream,
     plans: list[tuple[KeyGroup, Codec | None, list[Candidate] | None]],
     bound: float | None,
@@ -297,8 +297,14 @@ def _writer(
                     candidates=cands,
                 )
             )
+        # Objects the container copies whole (HDF5) or keeps beside the leaves (folders),
+        # hashed as the output has them.
+        deltas = {key_str(k) for k in new}
+        handle = source.handle
+        in_source = (lambda n: n in handle) if sink.copied else (lambda n: True)
+        objects = fmt.object_hashes(sink, object_skip(deltas, in_source))
         manifest = Manifest(
-            container=container,
+            container=fmt.name,
             batch_dims=source.batch_dims,
             time_dim=stream.time_dim,
             valid_rows=source.valid_rows,
@@ -306,7 +312,9 @@ def _writer(
             keys=tuple(records),
             options=options,
             checksums=checksums,
+            objects=objects,
             source_bytes=disk_size(source.path),
+            extra=sink.extra,
         )
         return manifest.to_json()
 

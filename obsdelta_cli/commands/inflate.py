@@ -19,7 +19,7 @@ from .common import (
     stream_for,
     write,
 )
-from .verify import expect, expect_leaf
+from .verify import check_leaves, check_objects, expect, expect_leaf
 
 
 @one_thread
@@ -38,6 +38,7 @@ def inflate(
     try:
         manifest = manifest_of(source)
         stored = stored_pairs(source, manifest)
+        check_leaves(source, manifest)
         stream = stream_for(source, manifest.time_dim, chunk_mb)
         rebuilt = {s.pair.next_key: s for s in stored}
         dropped = {s.pair.delta_key for s in stored}
@@ -55,6 +56,11 @@ def inflate(
                     hint="the file is damaged or was edited",
                 )
         plan = Plan(order, new, options=dict(manifest.options))
+
+        if manifest.version >= 2:
+            # What the container copies whole is checked before anything is copied: HDF5 can
+            # crash on a damaged object it is asked to copy.
+            check_objects(fmt, source, manifest)
 
         def fill(sink: Sink) -> None:
             for key in order:

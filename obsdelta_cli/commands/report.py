@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..codecs import AUTO, DEFAULT_CODEC, make_codec
+from ..codecs import AUTO, CODECS, DEFAULT_CODEC, make_codec
 from ..formats import disk_size
 from ..rebuild import stored_pairs
 from ..report import DatasetResult
@@ -70,7 +70,7 @@ def report(
         picks: dict[str, str] = {}
         for key in KeyGroup.group(source, pairs):
             _codecs, cands, totals = measure_key(stream, source, key, shown)
-            lossless = [c for c in cands if c.exact_rows == key.total_rows] if not bound else cands
+            lossless = [c for c in cands if CODECS[c.codec].lossless] if not bound else cands
             pick = auto_pick(lossless, key.raw_bytes) or "none"
             want = pick if codec == AUTO else codec
             picks[key.name] = want

@@ -3,11 +3,12 @@ manifest, rebuilding every key as ``inflate`` would."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from ..checksum import Hasher
 from ..errors import DataError, ObsdeltaError
-from ..formats import Key, Source, detect, disk_size, key_str
+from ..formats import Format, Key, Source, detect, disk_size, key_str
 from ..manifest import Manifest
 from ..rebuild import StoredPair, stored_pairs
 from ..report import DatasetResult
@@ -75,9 +76,56 @@ def check_pair(source: Source, stream: Stream, s: StoredPair, algorithm: str) ->
         expect(s, "next", hasher, path)
 
 
-def check_dataset(source: Source, manifest: Manifest, chunk_mb: float) -> list[StoredPair]:
+def object_skip(deltas: set[str], kept: Callable[[str], bool]) -> Callable[[str], bool]:
+    """Which objects of a compressed container are not copies: the stored leaves, and the
+    groups made for them (a parent of a stored leaf that ``kept`` does not name)."""
+
+    def skip(name: str) -> bool:
+        made = not kept(name) and any(d.startswith(f"{name}/") for d in deltas)
+        return name in deltas or made
+
+    return skip
+
+
+def check_objects(fmt: Format, source: Source, manifest: Manifest) -> None:
+    """The container's objects copied unchanged (HDF5) are the ones recorded, as stored."""
+    deltas = {key_str(k) for k in (r.delta_key for r in manifest.keys) if k is not None}
+    found = fmt.object_hashes(source, object_skip(deltas, lambda n: f"@{n}" in manifest.objects))
+    for name in sorted(set(found) | set(manifest.objects)):
+        recorded, seen = manifest.objects.get(name), found.get(name)
+        if recorded != seen:
+            what = "an object the metadata does not list" if recorded is None else "copied data"
+            if seen is None:
+                what = "an object the metadata lists, now missing,"
+            raise mismatch(source.path, name, what, recorded or "none", seen)
+
+
+def check_leaves(source: Source, manifest: Manifest) -> None:
+    """The source holds exactly the leaves the manifest describes: the original ones but the
+    rebuilt next observations, and the stored leaves. A leaf renamed, added or lost by damage
+    is never carried along unchecked."""
+    rebuilt = {r.next_key for r in manifest.keys}
+    expected = {k for k in manifest.leaf_order if k not in rebuilt}
+    expected |= {r.delta_key for r in manifest.keys if r.delta_key is not None}
+    found = set(source.leaves)
+    for key in sorted(found ^ expected):
+        what = "is not in the metadata" if key in found else "named in the metadata is missing"
+        raise DataError(
+            f"leaf {what}",
+            file=source.path,
+            key=key_str(key),
+            hint="the compressed dataset is damaged or was edited; restore it from a copy",
+        )
+
+
+def check_dataset(
+    fmt: Format, source: Source, manifest: Manifest, chunk_mb: float
+) -> list[StoredPair]:
     """Check every recorded hash of a compressed source; raise on the first bad leaf."""
     stored = stored_pairs(source, manifest)
+    check_leaves(source, manifest)
+    if manifest.version >= 2:
+        check_objects(fmt, source, manifest)
     stream = stream_for(source, manifest.time_dim, chunk_mb)
     for name in manifest.checksums:
         key = tuple(name.split("/"))
@@ -103,7 +151,7 @@ def verify(input: Path, *, chunk_mb: float = DEFAULT_CHUNK_MB) -> DatasetResult:
     fmt, source = open_input(input)
     try:
         manifest = manifest_of(source)
-        stored = check_dataset(source, manifest, chunk_mb)
+        stored = check_dataset(fmt, source, manifest, chunk_mb)
         keys = recorded_results(source, stored, restored=False)
     finally:
         fmt.close(source)
@@ -118,7 +166,7 @@ def verify_written(path: Path, chunk_mb: float) -> None:
     fmt = detect(path)
     source = fmt.open(path)
     try:
-        check_dataset(source, manifest_of(source), chunk_mb)
+        check_dataset(fmt, source, manifest_of(source), chunk_mb)
     except ObsdeltaError as exc:
         raise DataError(
             f"the output failed verification before it was put in place: {exc.message}",

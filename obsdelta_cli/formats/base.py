@@ -12,11 +12,13 @@ import json
 import math
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+import xxhash
 
 from ..errors import InputError
 
@@ -161,6 +163,10 @@ class Sink:
     copied: bool = False
     #: The adapter's own state (the output TensorDict, an open file), for ``finish``.
     handle: Any = None
+    #: JSON the adapter keeps in the manifest (covered by its hash), e.g. HDF5 layouts.
+    extra: dict[str, Any] = field(default_factory=dict)
+    #: Where the output is being written.
+    path: Path | None = None
 
 
 @dataclass
@@ -216,6 +222,12 @@ class Format(ABC):
     def finish(self, path: Path, sink: Sink, meta: dict[str, Any] | None) -> None:
         """Write ``meta`` (``None`` for a plain, inflated dataset) and flush ``sink``."""
 
+    def object_hashes(self, opened: Source | Sink, skip: Callable[[str], bool]) -> dict[str, str]:
+        """Hashes of the container's own objects as stored, by name, in an opened input or an
+        output being written, for containers that copy objects whole (HDF5) rather than leaf by
+        leaf; ``skip`` leaves some out. Default: none, every leaf is hashed as it is copied."""
+        return {}
+
     def bookkeeping(self, source: Source, removed: list[Key]) -> int:
         """Bytes besides their values that leave the container with the ``removed`` leaves
         (HDF5 object headers and emptied groups), for size estimates. Default: none."""
@@ -238,6 +250,25 @@ def ted_pairs(source: Source) -> list[Pair]:
             "inflate it there first",
         )
     return [Pair.ted(k) for k in source.leaves if k[0] != "next"]
+
+
+def folder_hashes(folder: Path) -> dict[str, str]:
+    """xxh3-64 of every file of a folder container that is not a leaf (``*.memmap``, hashed
+    leaf by leaf as it is copied) nor obsdelta's own (the manifest hashes itself, exception rows
+    are hashed per key): ``meta.json`` files, replay-buffer metadata, extra files."""
+    out: dict[str, str] = {}
+    for file in sorted(folder.rglob("*")):
+        rel = file.relative_to(folder)
+        if rel.parts[0] in (SIDECAR, ARRAYS_DIR) or file.suffix == ".memmap":
+            continue
+        if file.is_symlink() or not file.is_file():
+            continue
+        h = xxhash.xxh3_64()
+        with file.open("rb") as fh:
+            while piece := fh.read(1 << 22):
+                h.update(piece)
+        out[rel.as_posix()] = h.hexdigest()
+    return out
 
 
 def disk_size(path: Path) -> int:

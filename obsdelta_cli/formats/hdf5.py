@@ -17,17 +17,20 @@ The metadata is the JSON root attribute ``obsdelta``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
+import os
 import zlib
 from abc import abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
 import torch
+import xxhash
 
 from ..errors import InputError, UsageError
 from .base import ArrayStore, Format, Key, LeafSpec, Plan, Sink, Source, key_str
@@ -374,7 +377,11 @@ class HDF5Format(Format):
             with h5py.File(path, "r") as f:
                 return cls.matches(f)
         except OSError:
-            return False  # damaged: detection reports it precisely
+            return False  # cannot be opened: detection reports it precisely
+        except (RuntimeError, KeyError, ValueError) as exc:  # opens, but its structure is damaged
+            raise InputError(
+                f"cannot read the file's structure ({exc})", file=path, hint="the file is damaged"
+            ) from None
 
     @classmethod
     @abstractmethod
@@ -387,6 +394,11 @@ class HDF5Format(Format):
             meta = read_meta(f, path)
             leaves = leaves_of(f, path)
             batch_dims = self.infer_batch_dims(leaves, meta)
+        except (RuntimeError, OSError, KeyError) as exc:  # h5py's errors on a damaged file
+            f.close()
+            raise InputError(
+                f"cannot read the file's structure ({exc})", file=path, hint="the file is damaged"
+            ) from None
         except BaseException:
             f.close()
             raise
@@ -397,6 +409,18 @@ class HDF5Format(Format):
 
     def close(self, source: Source) -> None:
         source.handle.close()
+
+    def object_hashes(self, opened: Source | Sink, skip: Callable[[str], bool]) -> dict[str, str]:
+        f: h5py.File = opened.handle
+        if f.mode == "r+":
+            f.flush()  # an output being written: its raw chunks must be on disk
+        file = Path(f.filename)
+        try:
+            return _object_hashes(f, file, skip)
+        except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
+            raise InputError(
+                f"cannot read an object ({exc})", file=file, hint="the file is damaged"
+            ) from None
 
     def bookkeeping(self, source: Source, removed: list[Key]) -> int:
         f: h5py.File = source.handle
@@ -444,7 +468,8 @@ class HDF5Format(Format):
             leaves[key] = H5Leaf(ds, path)
         arrays_kwargs = kwargs if kwargs is not None else _arrays_kwargs(src, plan)
         arrays = H5Arrays(out, path, arrays_kwargs)
-        return Sink(leaves, arrays, copied=True, handle=(out, new_layouts))
+        extra = {"hdf5_layouts": new_layouts}
+        return Sink(leaves, arrays, copied=True, handle=out, extra=extra)
 
     def _new_dataset(
         self,
@@ -488,17 +513,98 @@ class HDF5Format(Format):
         return ds
 
     def discard(self, sink: Sink) -> None:
-        _close_quietly(sink.handle[0])
+        _close_quietly(sink.handle)
 
     def finish(self, path: Path, sink: Sink, meta: dict[str, Any] | None) -> None:
-        out, new_layouts = sink.handle
+        out = sink.handle
         try:
             if meta is not None:
-                meta["hdf5_layouts"] = new_layouts
                 out.attrs[META_ATTR] = encode_meta(meta)
             out.flush()
         finally:
             out.close()
+
+
+def _object_hashes(f: h5py.File, file: Path, skip: Callable[[str], bool]) -> dict[str, str]:
+    """xxh3-64 of every dataset as stored (creation properties and raw chunks, never
+    decompressed) and of every object's attributes, for the objects ``skip`` keeps."""
+    out = {"@": _attrs_hash(f, exclude=META_ATTR)}
+    fd = os.open(file, os.O_RDONLY)
+    try:
+
+        def visit(name: str, obj: Any) -> None:
+            if name == OWN or name.startswith(f"{OWN}/") or skip(name):
+                return
+            if isinstance(obj, h5py.Dataset):
+                out[name] = _raw_hash(obj, fd)
+            out[f"@{name}"] = _attrs_hash(obj)
+
+        f.visititems(visit)
+    finally:
+        os.close(fd)
+    return out
+
+
+def _attrs_hash(obj: Any, exclude: str | None = None) -> str:
+    h = xxhash.xxh3_64()
+    for name in sorted(obj.attrs):
+        if name == exclude:
+            continue
+        value = np.asarray(obj.attrs[name])
+        h.update(f"{name}\0{value.dtype.str}\0{value.shape}\0".encode())
+        h.update(obj.attrs.get_id(name).get_type().encode())  # how the stored bytes read
+        h.update(repr(value.tolist()).encode() if value.dtype.kind == "O" else value.tobytes())
+    return h.hexdigest()
+
+
+def _raw_hash(ds: h5py.Dataset, fd: int) -> str:
+    """A dataset as stored: dtype, shape, creation properties, then its raw chunks in chunk
+    order (each with its position and filter mask) or its contiguous bytes."""
+    h = xxhash.xxh3_64()
+    props = (ds.dtype.str, ds.shape, ds.maxshape, ds.chunks, ds.compression, ds.compression_opts)
+    h.update(repr((props, ds.shuffle, ds.fletcher32, ds.scaleoffset)).encode())
+    dsid, dcpl = ds.id, ds.id.get_create_plist()
+    # The stored type in full (byte order, bit layout), not only what numpy makes of it.
+    h.update(dsid.get_type().encode())
+    h.update(dsid.get_space().encode())
+    h.update(repr([dcpl.get_filter(i) for i in range(dcpl.get_nfilters())]).encode())
+    fill = np.zeros(1, dtype=ds.dtype)
+    if dcpl.fill_value_defined() == h5py.h5d.FILL_VALUE_USER_DEFINED:
+        dcpl.get_fill_value(fill)
+    h.update(fill.tobytes())
+    layout = dcpl.get_layout()
+    if layout == h5py.h5d.CHUNKED:
+        # Every chunk of the grid, found through the chunk index as a read would find it.
+        grid = [range(0, n, c) for n, c in zip(ds.shape, ds.chunks or (), strict=True)]
+        cells = math.prod(len(r) for r in grid)
+        if cells > 4 * dsid.get_num_chunks() + 1024:
+            raise ValueError(f"{ds.name}: {cells} chunk places for {dsid.get_num_chunks()} chunks")
+        for offset in itertools.product(*grid):
+            try:
+                mask, raw = dsid.read_direct_chunk(offset)
+            except (KeyError, OSError, RuntimeError, ValueError):
+                h.update(f"{offset}: none".encode())
+                continue
+            h.update(f"{offset}: {mask} {len(raw)}".encode())
+            h.update(raw)
+    elif layout == h5py.h5d.CONTIGUOUS:
+        offset = dsid.get_offset()
+        if offset is not None:
+            _hash_span(h, fd, offset, dsid.get_storage_size())
+    else:  # compact: the values live in the object header
+        h.update(np.ascontiguousarray(ds[()]).tobytes())
+    return h.hexdigest()
+
+
+def _hash_span(h: Any, fd: int, offset: int, size: int) -> None:
+    """Feed ``size`` bytes of the file at ``offset`` to ``h``, 4 MiB at a time."""
+    done = 0
+    while done < size:
+        piece = os.pread(fd, min(1 << 22, size - done), offset + done)
+        if not piece:
+            raise ValueError(f"storage at {offset} runs past the end of the file")
+        h.update(piece)
+        done += len(piece)
 
 
 def _header_bytes(obj: Any, *, group: bool) -> int:

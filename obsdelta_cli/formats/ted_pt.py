@@ -9,7 +9,6 @@ metadata and exception rows are the non-tensor leaf ``_obsdelta`` at the root, a
 from __future__ import annotations
 
 import json
-import pickle
 import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,7 +42,7 @@ class TedPt(TensorDictFormat):
     def open(self, path: Path) -> Source:
         try:
             obj = torch.load(path, weights_only=False, mmap=zipfile.is_zipfile(path))
-        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as exc:
+        except Exception as exc:  # a damaged pickle can fail in any way while it loads
             raise InputError(
                 f"cannot load with torch.load ({type(exc).__name__}: {exc})",
                 file=path,

@@ -1,0 +1,145 @@
+"""Fault injection: random bit flips in compressed outputs of every kind.
+
+A flip must never give wrong data silently: ``inflate`` either fails with one clear error
+(an :class:`ObsdeltaError`, never another exception) or gives back exactly what the undamaged
+file gives, and ``verify`` fails on every flip that changes what ``inflate`` returns. The fast
+slice runs in CI; ``-m slow`` runs more than 1,000 flips.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDictBase
+
+from obsdelta_cli import compress, inflate, verify
+from obsdelta_cli.errors import ObsdeltaError
+
+from .writers import WRITERS
+
+KINDS = ["ted-memmap", "torchrl-rb", "ted-pt", "d4rl-hdf5", "robomimic-hdf5", "ted-hdf5"]
+CODECS = ["exact", "fp16"]
+
+
+def _files(path: Path) -> list[Path]:
+    return [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+
+
+def _content(path: Path) -> str:
+    """What a reader gets back: file names and bytes; for HDF5, every object's values, dtype,
+    shape and attributes (the bytes of an HDF5 file may differ where nothing reads them)."""
+    h = hashlib.sha256()
+    if path.suffix == ".pt":  # torch.save names its records after the file: compare values
+        td = torch.load(path, weights_only=False)
+        for key in td.keys(True, True):
+            value = td[key]
+            h.update(f"{key}{value.dtype}{tuple(value.shape)}".encode())
+            h.update(value.contiguous().view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+    if path.is_file() and path.suffix in (".hdf5", ".h5"):
+        with h5py.File(path, "r") as f:
+
+            def visit(name: str, obj: object) -> None:
+                h.update(name.encode())
+                for key in sorted(obj.attrs):  # type: ignore[attr-defined]
+                    h.update(key.encode() + repr(obj.attrs[key]).encode())  # type: ignore[attr-defined]
+                if isinstance(obj, h5py.Dataset):
+                    h.update(f"{obj.dtype}{obj.shape}{obj.chunks}{obj.compression}".encode())
+                    h.update(np.ascontiguousarray(obj[()]).tobytes())
+
+            f.visititems(visit)
+        return h.hexdigest()
+    for f in _files(path):
+        h.update(str(f.relative_to(path) if f != path else "").encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def _flip(path: Path, rng: random.Random) -> str:
+    files = _files(path)
+    sizes = [f.stat().st_size for f in files]
+    at = rng.randrange(sum(sizes))
+    for f, size in zip(files, sizes, strict=True):
+        if at < size:
+            data = bytearray(f.read_bytes())
+            data[at] ^= 1 << rng.randrange(8)
+            f.write_bytes(bytes(data))
+            return f"{f.name}@{at}"
+        at -= size
+    raise AssertionError("unreachable")
+
+
+def run_flips(kind: str, codec: str, hopper: TensorDictBase, tmp: Path, flips: int) -> dict:
+    src = WRITERS[kind](hopper[:600], tmp / "in")
+    small = tmp / f"small{src.suffix}"
+    compress(src, small, codec=codec)
+    inflate(small, tmp / f"ref{src.suffix}")
+    reference = _content(tmp / f"ref{src.suffix}")
+    rng = random.Random(f"{kind}-{codec}")
+    tally = {"caught": 0, "harmless": 0, "silent": [], "missed_by_verify": [], "crashes": []}
+    for i in range(flips):
+        damaged = tmp / f"d{i}{src.suffix}"
+        (shutil.copytree if small.is_dir() else shutil.copy)(small, damaged)
+        where = _flip(damaged, rng)
+        verified = True
+        try:
+            verify(damaged)
+        except ObsdeltaError:
+            verified = False
+        except Exception as exc:  # a traceback for a user
+            tally["crashes"].append(f"verify {where}: {type(exc).__name__}: {exc}")
+            verified = False
+        back = tmp / f"b{i}{src.suffix}"
+        try:
+            inflate(damaged, back)
+        except ObsdeltaError:
+            tally["caught"] += 1
+            assert not back.exists(), f"partial output after a failed inflate ({where})"
+        except Exception as exc:
+            tally["crashes"].append(f"inflate {where}: {type(exc).__name__}: {exc}")
+        else:
+            if _content(back) == reference:
+                tally["harmless"] += 1
+            else:
+                tally["silent"].append(where)
+            if verified and _content(back) != reference:
+                tally["missed_by_verify"].append(where)
+        for p in (damaged, back):
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.exists():
+                p.unlink()
+    return tally
+
+
+def _check(tally: dict) -> None:
+    assert tally["crashes"] == [], tally["crashes"]
+    assert tally["silent"] == [], tally["silent"]
+    assert tally["missed_by_verify"] == [], tally["missed_by_verify"]
+
+
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_bit_flips_are_caught(
+    kind: str, codec: str, hopper: TensorDictBase, tmp_path: Path
+) -> None:
+    tally = run_flips(kind, codec, hopper, tmp_path, flips=8)
+    _check(tally)
+    assert tally["caught"] + tally["harmless"] == 8
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_many_bit_flips_are_caught(
+    kind: str, codec: str, hopper: TensorDictBase, tmp_path: Path
+) -> None:
+    tally = run_flips(kind, codec, hopper, tmp_path, flips=90)  # 12 x 90 = 1,080 flips
+    _check(tally)
