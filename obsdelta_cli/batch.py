@@ -9,23 +9,33 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections.abc import Callable, Generator, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
-from . import commands
+from . import interrupts
 from .errors import ObsdeltaError, UsageError
+from .interrupts import Terminated
 from .report import DatasetResult
 
-COMMANDS: dict[str, Callable[..., DatasetResult]] = {
-    "compress": commands.compress,
-    "inflate": commands.inflate,
-    "report": commands.report,
-    "verify": commands.verify,
-}
+#: The module with the command implementations, imported on first use (it imports torch): the
+#: one place the command line names it.
+IMPLEMENTATION = "obsdelta_cli.commands"
+COMMANDS = ("compress", "inflate", "report", "verify")
+
+
+def command(name: str) -> Callable[..., DatasetResult]:
+    """The library function behind command ``name``."""
+    if name not in COMMANDS:
+        raise UsageError(f"unknown command {name!r}")
+    function: Callable[..., DatasetResult] = getattr(import_module(IMPLEMENTATION), name)
+    interrupts.check()  # a Ctrl-C during the import of torch may have been swallowed by it
+    return function
 
 
 @dataclass(frozen=True)
@@ -54,7 +64,7 @@ def run_job(job: Job) -> Outcome:
     start = time.perf_counter()
     args: tuple[Path, ...] = (job.input,) if job.output is None else (job.input, job.output)
     try:
-        result = COMMANDS[job.command](*args, **job.options)
+        result = command(job.command)(*args, **job.options)
     except ObsdeltaError as exc:
         return Outcome(job, None, str(exc), exc.exit_code, time.perf_counter() - start)
     return Outcome(job, result, None, 0, time.perf_counter() - start)
@@ -77,16 +87,71 @@ def outputs_for(inputs: Sequence[Path], output: Path | None, *, folder: bool) ->
     return [output / name for name in names]
 
 
+_BUSY = False
+
+
 def _init_worker(threads: int) -> None:
+    # Ctrl-C reaches the whole process group: the parent decides what happens to each worker.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by _spawn
+    signal.signal(signal.SIGTERM, _worker_sigterm)
     import torch
 
     # Workers share the cores: one pool of threads each would oversubscribe them.
     torch.set_num_threads(threads)
 
 
+def _worker_sigterm(signum: int, frame: object) -> None:
+    interrupts.received.append(signum)
+    if _BUSY:
+        raise Terminated  # the command removes its temporary output on the way out
+    os._exit(128 + signum)
+
+
+def _pool_job(job: Job) -> Outcome:
+    """:func:`run_job` in a worker; stopped by the parent with SIGTERM, it leaves no output."""
+    global _BUSY
+    _BUSY = True
+    try:
+        outcome = run_job(job)
+    except KeyboardInterrupt:
+        os._exit(143)
+    finally:
+        _BUSY = False
+    if interrupts.received:  # stopped, but the exception was swallowed: the output is complete
+        os._exit(143)
+    return outcome
+
+
+def _spawn(pool: ProcessPoolExecutor, jobs: Sequence[Job]) -> list[Future[Outcome]]:
+    """Submit every job. SIGINT is blocked while the workers start: they inherit the mask and
+    ignore SIGINT before unblocking it, so a Ctrl-C while they start cannot print a traceback
+    from them; here it is delivered once they have started."""
+    blocked = {signal.SIGINT}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        return [pool.submit(_pool_job, job) for job in jobs]
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Stop the workers now: each removes the output it was writing, then exits."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    for process in workers:
+        if process.is_alive():
+            process.terminate()
+    for process in workers:
+        process.join(timeout=30)
+        if process.is_alive():  # stuck: the next run for its output removes the temporary
+            process.kill()
+            process.join()
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
 def run_all(
     jobs: Sequence[Job], *, workers: int = 1, scheduler: str | None = None
-) -> Iterator[Outcome]:
+) -> Generator[Outcome, None, None]:
     """Run ``jobs``, yielding outcomes as they complete: here, in ``workers`` processes, or on
     the Dask cluster whose scheduler listens at ``scheduler``."""
     if scheduler is not None:
@@ -94,10 +159,15 @@ def run_all(
     elif workers > 1 and len(jobs) > 1:
         threads = max(1, (os.cpu_count() or 1) // workers)
         context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(workers, context, _init_worker, (threads,)) as pool:
-            futures = [pool.submit(run_job, job) for job in jobs]
+        pool = ProcessPoolExecutor(workers, context, _init_worker, (threads,))
+        try:
+            futures = _spawn(pool, jobs)
             for future in as_completed(futures):
                 yield future.result()
+        except BaseException:  # Ctrl-C, SIGTERM, or the caller stopped listening
+            _stop(pool)
+            raise
+        pool.shutdown()
     else:
         for job in jobs:
             yield run_job(job)

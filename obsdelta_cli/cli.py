@@ -1,41 +1,68 @@
-"""The ``obsdelta`` command line: a thin Typer layer over :mod:`obsdelta_cli.pipeline`.
+"""The ``obsdelta`` command line: a thin Typer layer over the library commands.
 
 Commands only parse options, build jobs and print. Every expected failure is an
 :class:`~obsdelta_cli.errors.ObsdeltaError`; :func:`_run` turns it into one line on stderr and an
 exit code, the only place that does so.
+
+Nothing here imports torch, tensordict or h5py: the commands are imported when one runs (by
+:mod:`obsdelta_cli.batch`), so ``--version`` and ``--help`` start fast.
 """
 
 from __future__ import annotations
 
 import json
-import signal
 import sys
+from contextlib import closing
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup
 
-from . import __version__
+from . import __version__, interrupts
 from .batch import Job, Outcome, outputs_for, run_all
-from .codecs import AUTO, CODECS, DEFAULT_CODEC
-from .commands import DEFAULT_CHUNK_MB
 from .errors import ObsdeltaError, UsageError
-from .formats.hdf5 import H5_COMPRESSIONS
+from .names import AUTO, CODECS, DEFAULT_CHUNK_MB, DEFAULT_CODEC, H5_COMPRESSIONS
 from .plot import check_plotting, plot_report
 from .progress import Progress, RichProgress, showing
-from .report import SCHEMA, render
+from .render import render, render_summary
+from .report import SCHEMA
 
 # Enums let Typer validate choices (exit code 2) and list them in --help.
 CodecName = Enum("CodecName", {c: c for c in [*CODECS, AUTO]}, type=str)  # type: ignore[misc]
 H5Compression = Enum("H5Compression", {c: c for c in H5_COMPRESSIONS}, type=str)  # type: ignore[misc]
 DEFAULT = CodecName(DEFAULT_CODEC)
 
+CODEC_PANEL, OUTPUT_PANEL, BATCH_PANEL, ADVANCED_PANEL = "Codec", "Output", "Batch runs", "Advanced"
+
+
+def _flags_as_flags(command: Any, ctx: Any) -> None:
+    """Show on/off options as ``--force``, not ``--force <bool>`` (recent Typer prints a type
+    for every option in its rich help, flags included; an empty metavar prints none)."""
+    for param in command.get_params(ctx):
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+
+
+class _Group(TyperGroup):
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        _flags_as_flags(self, ctx)
+        super().format_help(ctx, formatter)
+
+
+class _Command(TyperCommand):
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        _flags_as_flags(self, ctx)
+        super().format_help(ctx, formatter)
+
+
 app = typer.Typer(
     name="obsdelta",
-    help="Store the next observation of trajectory datasets as a compact delta, and back.",
+    cls=_Group,
+    rich_markup_mode="rich",
     context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
     add_completion=True,
@@ -45,6 +72,8 @@ app = typer.Typer(
 InputsArg = Annotated[
     list[Path],
     typer.Argument(
+        metavar="INPUT",
+        show_default=False,
         help="Datasets: TED memmap folders, .pt files, replay-buffer dumps, or D4RL / robomimic "
         "/ TED HDF5 files (detected from content). Several may be given.",
     ),
@@ -54,6 +83,8 @@ OutputOpt = Annotated[
     typer.Option(
         "--output",
         "-o",
+        metavar="PATH",
+        rich_help_panel=OUTPUT_PANEL,
         help="Where to write the result; with several inputs (or a path ending in /), a folder "
         "that receives one output per input, under the input's name.",
     ),
@@ -62,8 +93,10 @@ CodecOpt = Annotated[
     CodecName,
     typer.Option(
         "--codec",
+        metavar="CODEC",
+        rich_help_panel=CODEC_PANEL,
         help="How next observations are stored: "
-        + "; ".join(f"{c.id}: {c.summary}" for c in CODECS.values())
+        + "; ".join(f"{c}: {escape(summary)}" for c, summary in CODECS.items())
         + f"; {AUTO}: per key, the smallest codec within --max-abs-error (default 0: lossless)",
     ),
 ]
@@ -72,6 +105,8 @@ KeyOpt = Annotated[
     typer.Option(
         "--key",
         "-k",
+        metavar="KEY",
+        rich_help_panel=CODEC_PANEL,
         help="Observation to encode, by name (e.g. observation, agent/obs, next_observations, "
         "obs/agentview_image); repeat for more. Default: every one the codec can encode.",
     ),
@@ -82,29 +117,66 @@ BoundOpt = Annotated[
         "--max-abs-error",
         "-e",
         min=0.0,
+        metavar="E",
+        rich_help_panel=CODEC_PANEL,
         help="Error bound E: every rebuilt value is within E of the original; rows a codec "
         "cannot store within E are kept exactly as exception rows.",
     ),
 ]
 TimeDimOpt = Annotated[
-    int, typer.Option("--time-dim", help="Batch dimension that is time (default: the last).")
+    int,
+    typer.Option(
+        "--time-dim",
+        metavar="N",
+        rich_help_panel=ADVANCED_PANEL,
+        help="Batch dimension that is time (default: the last).",
+    ),
 ]
-ForceOpt = Annotated[bool, typer.Option("--force", "-f", help="Replace OUTPUT if it exists.")]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force", "-f", rich_help_panel=OUTPUT_PANEL, help="Replace OUTPUT if it exists."
+    ),
+]
 JsonOpt = Annotated[
-    bool, typer.Option("--json", help="Print one JSON object per input on stdout, nothing else.")
+    bool,
+    typer.Option(
+        "--json",
+        rich_help_panel=OUTPUT_PANEL,
+        help="Print one JSON object per input on stdout, nothing else.",
+    ),
 ]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success.")]
+QuietOpt = Annotated[
+    bool,
+    typer.Option("--quiet", "-q", rich_help_panel=OUTPUT_PANEL, help="Print nothing on success."),
+]
 ChunkOpt = Annotated[
     float,
-    typer.Option("--chunk-mb", min=0.001, help="Memory budget per chunk of rows, in MiB."),
+    typer.Option(
+        "--chunk-mb",
+        min=0.001,
+        metavar="MIB",
+        rich_help_panel=ADVANCED_PANEL,
+        help="Memory budget per chunk of rows, in MiB.",
+    ),
 ]
 JobsOpt = Annotated[
-    int, typer.Option("--jobs", "-j", min=1, help="Worker processes for several inputs.")
+    int,
+    typer.Option(
+        "--jobs",
+        "-j",
+        min=1,
+        metavar="N",
+        rich_help_panel=BATCH_PANEL,
+        help="Worker processes for several inputs.",
+    ),
 ]
 SchedulerOpt = Annotated[
     str | None,
     typer.Option(
         "--scheduler",
+        metavar="ADDRESS",
+        rich_help_panel=BATCH_PANEL,
         help="Address of a Dask distributed scheduler (e.g. tcp://10.0.0.5:8786) to run the "
         "inputs on; paths must be reachable from its workers.",
     ),
@@ -131,17 +203,8 @@ def _main(
 
 
 def _console(stderr: bool = False) -> Console:
-    # Pipes get Rich's 80 columns otherwise; tables are wider than that.
-    console = Console(stderr=stderr)
-    return console if console.is_terminal else Console(width=120, stderr=stderr)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised like Ctrl-C so that partial output is cleaned up the same way."""
-
-
-def _on_sigterm(signum: int, frame: object) -> None:
-    raise Terminated
+    # The width is the terminal's, or COLUMNS, or 80: tables fit it (see render.py).
+    return Console(stderr=stderr)
 
 
 def _error_line(outcome: Outcome) -> str:
@@ -158,17 +221,17 @@ def _error_line(outcome: Outcome) -> str:
     return json.dumps(line)
 
 
-def _summary(outcomes: list[Outcome], console: Console) -> None:
-    table = Table(title="summary", title_justify="left")
-    for name in ("input", "status", "before", "after", "seconds"):
-        table.add_column(name, justify="left" if name in ("input", "status") else "right")
-    for o in outcomes:
-        r = o.result
-        status = "[green]ok[/green]" if r else f"[red]failed ({o.exit_code})[/red]"
-        before = f"{r.bytes_before:,}" if r else ""
-        after = f"{r.bytes_after:,}" if r else ""
-        table.add_row(str(o.job.input), status, before, after, f"{o.seconds:.2f}")
-    console.print(table)
+def _interrupted(
+    exc: KeyboardInterrupt, command: str, total: int, outcomes: list[Outcome], folder: Path | None
+) -> str:
+    """The one line for Ctrl-C or SIGTERM: what was stopped and what is left."""
+    done = sum(o.result is not None for o in outcomes)
+    line = f"obsdelta: {command} {interrupts.describe(exc)}"
+    if total > 1:
+        line += f" after {done} of {total} inputs"
+        if done and folder is not None:
+            line += f"; the finished outputs are in {folder}"
+    return line + "; no partial output was left"
 
 
 def _run(
@@ -188,33 +251,44 @@ def _run(
     The exit code is 0 if every input succeeded, else the highest of the failures' codes.
     """
     outcomes: list[Outcome] = []
+    made: Path | None = None  # an output folder created here, removed again if left empty
+    output = None if output_arg is None else Path(output_arg)
+    folder = output is not None and (len(inputs) > 1 or str(output_arg).endswith("/"))
     try:
         if plot is not None:
             if len(inputs) != 1:
                 raise UsageError("--plot takes one input", hint="run report once per input")
             check_plotting(plot)
-        output = None if output_arg is None else Path(output_arg)
-        folder = output_arg is not None and (len(inputs) > 1 or output_arg.endswith("/"))
         outputs = outputs_for(inputs, output, folder=folder)
-        if folder and output is not None:
-            output.mkdir(exist_ok=True)
+        if folder and output is not None and not output.exists():
+            output.mkdir()
+            made = output
         todo = [Job(command, i, o, options) for i, o in zip(inputs, outputs, strict=True)]
         bars = not (as_json or quiet) and _console(stderr=True).is_terminal
-        with showing(RichProgress(command) if bars else Progress()):
-            for outcome in run_all(todo, workers=jobs, scheduler=scheduler):
+        with (
+            showing(RichProgress(command) if bars else Progress()),
+            closing(run_all(todo, workers=jobs, scheduler=scheduler)) as results,
+        ):
+            for outcome in results:
                 outcomes.append(outcome)
                 _show(outcome, as_json=as_json, quiet=quiet)
+                interrupts.check()
         if plot is not None and outcomes[0].result is not None:
             plot_report(outcomes[0].result, plot)
     except ObsdeltaError as exc:
         print(f"obsdelta: error: {exc}", file=sys.stderr)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt as exc:
-        name = "terminated" if isinstance(exc, Terminated) else "interrupted"
-        print(f"obsdelta: {name}; no partial output was left", file=sys.stderr)
-        raise typer.Exit(143 if isinstance(exc, Terminated) else 130) from None
+        where = output if folder else None
+        line = _interrupted(exc, command, len(inputs), outcomes, where)
+        print(line, file=sys.stderr)
+        interrupts.reported.append(line)
+        raise typer.Exit(interrupts.exit_code(exc)) from None
+    finally:
+        if made is not None and made.is_dir() and not any(made.iterdir()):
+            made.rmdir()
     if len(outcomes) > 1 and not (as_json or quiet):
-        _summary(outcomes, _console())
+        render_summary(outcomes, _console())
     code = max((o.exit_code for o in outcomes), default=0)
     if code:
         raise typer.Exit(code)
@@ -232,7 +306,7 @@ def _show(outcome: Outcome, *, as_json: bool, quiet: bool) -> None:
     sys.stdout.flush()
 
 
-@app.command()
+@app.command(cls=_Command)
 def compress(
     input: InputsArg,
     output: OutputOpt,
@@ -243,6 +317,7 @@ def compress(
         bool,
         typer.Option(
             "--no-exceptions",
+            rich_help_panel=CODEC_PANEL,
             help="Refuse a key rather than store exception rows, so that every row is rebuilt "
             "from the delta leaf alone (as TorchRL's NextObservationDelta does).",
         ),
@@ -252,15 +327,21 @@ def compress(
         H5Compression | None,
         typer.Option(
             "--h5-compression",
-            help="HDF5 only: lossless filter for the stored datasets (zstd and blosc need "
-            "hdf5plugin). Default: the filter of the dataset each replaces.",
+            metavar="FILTER",
+            rich_help_panel=OUTPUT_PANEL,
+            help="HDF5 only: lossless filter for the stored datasets: "
+            + ", ".join(H5_COMPRESSIONS)
+            + " (zstd and blosc need hdf5plugin). Default: the filter of the dataset each "
+            "replaces.",
         ),
     ] = None,
     force: ForceOpt = False,
     no_verify: Annotated[
         bool,
         typer.Option(
-            "--no-verify", help="Skip re-reading and checking the output before it is put in place."
+            "--no-verify",
+            rich_help_panel=ADVANCED_PANEL,
+            help="Skip re-reading and checking the output before it is put in place.",
         ),
     ] = False,
     as_json: JsonOpt = False,
@@ -269,9 +350,9 @@ def compress(
     jobs: JobsOpt = 1,
     scheduler: SchedulerOpt = None,
 ) -> None:
-    """Replace each ("next", k) with a delta ("next", "delta", k) and write a new dataset.
+    """Replace each ("next", k) with a compact delta and write a new dataset.
 
-    Example: obsdelta compress rollouts/ -o rollouts_small/ --codec auto --max-abs-error 1e-4
+    Example: obsdelta compress sample_data/hopper_ted -o hopper_small
     """
     options = {
         "codec": codec.value,
@@ -296,7 +377,7 @@ def compress(
     )
 
 
-@app.command()
+@app.command(cls=_Command)
 def inflate(
     input: InputsArg,
     output: OutputOpt,
@@ -309,7 +390,7 @@ def inflate(
 ) -> None:
     """Rebuild ("next", k) from its delta, in the original dtype, layout and key order.
 
-    Example: obsdelta inflate rollouts_small/ -o rollouts_full/
+    Example: obsdelta inflate hopper_small -o hopper_full
     """
     options = {"force": force, "chunk_mb": chunk_mb}
     _run(
@@ -324,12 +405,19 @@ def inflate(
     )
 
 
-@app.command()
+@app.command(cls=_Command)
 def report(
     input: InputsArg,
     codec: Annotated[
         CodecName,
-        typer.Option("--codec", help="Codec whose estimate is marked and totalled (dry run)."),
+        typer.Option(
+            "--codec",
+            metavar="CODEC",
+            rich_help_panel=CODEC_PANEL,
+            help="Codec whose estimate is marked and totalled (dry run): "
+            + ", ".join([*CODECS, AUTO])
+            + ".",
+        ),
     ] = DEFAULT,
     key: KeyOpt = None,
     max_abs_error: BoundOpt = None,
@@ -338,6 +426,8 @@ def report(
         Path | None,
         typer.Option(
             "--plot",
+            metavar="PNG",
+            rich_help_panel=OUTPUT_PANEL,
             help="Also draw sizes per key and codec and the error per dimension to this PNG "
             "(needs matplotlib; one input).",
         ),
@@ -347,9 +437,9 @@ def report(
     jobs: JobsOpt = 1,
     scheduler: SchedulerOpt = None,
 ) -> None:
-    """Sizes and round-trip errors: all codecs on a plain dataset, or what a compressed one holds.
+    """Sizes and errors: every codec on a plain dataset, or what a compressed one holds.
 
-    Example: obsdelta report rollouts/ --max-abs-error 1e-3 --json
+    Example: obsdelta report sample_data/hopper_d4rl.hdf5 --max-abs-error 1e-3
     """
     options = {
         "codec": codec.value,
@@ -371,7 +461,7 @@ def report(
     )
 
 
-@app.command()
+@app.command(cls=_Command)
 def verify(
     input: InputsArg,
     as_json: JsonOpt = False,
@@ -382,7 +472,7 @@ def verify(
 ) -> None:
     """Check a compressed dataset: metadata, every checksum, and a full rebuild of each key.
 
-    Example: obsdelta verify rollouts_small/ && echo sound
+    Example: obsdelta verify hopper_small && echo sound
     """
     _run(
         "verify",
@@ -397,6 +487,6 @@ def verify(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    """Console-script entry point (see :mod:`obsdelta_cli.__main__`, which starts faster)."""
+    interrupts.install()
     app(prog_name="obsdelta")

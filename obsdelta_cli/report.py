@@ -1,7 +1,7 @@
-"""Results of compress / inflate / report: dataclasses, their JSON Lines form and Rich tables.
+"""Results of compress / inflate / report / verify: dataclasses and their JSON Lines form.
 
 The JSON form is the contract with scripts (schema ``obsdelta/1``, documented in the README);
-the tables are for people and may change.
+the tables for people are drawn by :mod:`obsdelta_cli.render` and may change.
 """
 
 from __future__ import annotations
@@ -9,10 +9,6 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
-
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 SCHEMA = "obsdelta/1"
 
@@ -96,80 +92,3 @@ class DatasetResult:
 def _ordered(data: dict[str, Any]) -> dict[str, Any]:
     first = ("schema", "command", "input", "output", "ok", "format", "compressed")
     return {k: data[k] for k in first} | {k: v for k, v in data.items() if k not in first}
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(value) < 1000 or unit == "GB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1000
-    raise AssertionError("unreachable")
-
-
-def _err(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3g}"
-
-
-def _ratio(before: int, after: int) -> str:
-    return f"{before / after:.2f}x" if after else "inf"
-
-
-def render(result: DatasetResult, console: Console) -> None:
-    """Print ``result`` as a table for people (``max_rel_error`` is in the JSON only)."""
-    title = f"{result.command}: {result.input} ({result.format})"
-    if result.note:
-        console.print(escape(f"{title}: {result.note}"))
-        return
-    if result.output:
-        title += f" -> {result.output}"
-    table = Table(title=escape(title), title_justify="left")
-    columns = (
-        "key",
-        "codec",
-        "before",
-        "after",
-        "ratio",
-        "max abs err",
-        "rmse",
-        "exact rows",
-        "exceptions",
-    )
-    for name in columns:
-        table.add_column(name, justify="left" if name in ("key", "codec") else "right")
-    for k in result.keys:
-        label = f"{escape(k.key)}\n[dim]{k.dtype} {'x'.join(map(str, k.shape))}[/dim]"
-        options: list[Any] = k.candidates or [k]
-        for i, c in enumerate(options):
-            name = c.codec
-            if k.candidates is not None:
-                marks = [
-                    m for m, hit in (("*", name == k.codec), ("auto", name == k.auto_pick)) if hit
-                ]
-                name = f"[bold]{name}[/bold] {' '.join(marks)}" if marks else name
-            table.add_row(
-                label if i == 0 else "",
-                name,
-                _size(k.bytes_before) if i == 0 else "",
-                _size(c.bytes_after),
-                _ratio(k.bytes_before, c.bytes_after),
-                _err(c.max_abs_error),
-                _err(c.rmse),
-                f"{c.exact_rows}/{k.rows}",
-                str(c.exception_rows),
-            )
-        if k.codec == "none":
-            why = "no codec beats the raw bytes" + (
-                f" within {k.max_abs_error_bound:g}" if k.max_abs_error_bound else " losslessly"
-            )
-            table.add_row("", f"[yellow]kept uncompressed: {why}[/yellow]", *[""] * 7)
-    console.print(table)
-    total = (
-        f"dataset on disk: {_size(result.bytes_before)} -> {_size(result.bytes_after)} "
-        f"({_ratio(result.bytes_before, result.bytes_after)})"
-    )
-    if result.command == "report" and not result.compressed:
-        total += "; estimate for the codecs marked *; auto marks what --codec auto picks"
-    if result.command == "verify":
-        total += "; verified: metadata sound, every checksum matches, every key rebuilt"
-    console.print(total)

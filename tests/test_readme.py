@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,3 +36,25 @@ def test_library_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.chdir(tmp_path)
     exec(compile(block, "README.md", "exec"), {})
     assert (tmp_path / "rollouts_full" / "meta.json").is_file()
+
+
+def test_example_output_is_current() -> None:
+    """The README's example output is what the code prints now (scripts/readme_examples.py)."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "readme_examples.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_example_check_notices_a_stale_readme() -> None:
+    spec = importlib.util.spec_from_file_location(
+        "readme_examples", ROOT / "scripts" / "readme_examples.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    stale = README.replace("dataset on disk:", "dataset on disc:", 1)
+    assert stale != README and module.generate(stale) == README

@@ -1,0 +1,140 @@
+"""Ctrl-C and SIGTERM on real processes: one line on stderr, exit 130 or 143, no traceback, and
+no partial output, at start-up and in the middle of a ``--jobs 2`` batch."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from obsdelta_cli import verify
+
+from .conftest import SAMPLE, load_sample
+
+ENTRY_POINTS = {
+    "script": [str(Path(sys.executable).with_name("obsdelta"))],
+    "module": [sys.executable, "-m", "obsdelta_cli"],
+}
+
+
+def _foreground() -> None:
+    # A job in an interactive shell gets Ctrl-C; one started in the background (as this test
+    # run may be) inherits SIGINT ignored, which obsdelta respects.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _start(argv: list[str], cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        argv,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a shell gives a job
+        preexec_fn=_foreground,
+    )
+
+
+def _finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, out, err
+
+
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+def test_interrupt_at_start_up(entry: str, tmp_path: Path) -> None:
+    argv = [*ENTRY_POINTS[entry], "compress", str(SAMPLE / "hopper_ted"), "-o", "out"]
+    # Immediately: before Python runs any code the default action ends it, as a shell's 130.
+    proc = _start(argv, tmp_path)
+    proc.send_signal(signal.SIGINT)
+    code, _, err = _finish(proc)
+    assert code in (130, -signal.SIGINT), err
+    assert "Traceback" not in err
+    # While the libraries load (torch alone takes over a second here): our line.
+    for signum, expected, word in (
+        (signal.SIGINT, 130, "interrupted"),
+        (signal.SIGTERM, 143, "terminated"),
+    ):
+        proc = _start(argv, tmp_path)
+        time.sleep(0.4)
+        proc.send_signal(signum)
+        code, out, err = _finish(proc)
+        assert code == expected, err
+        assert "Traceback" not in err and err.count("\n") == 1 and word in err, err
+        assert out == ""
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Six TED memmap rollouts of ~25 MB each: long enough to interrupt a batch midway."""
+    root = tmp_path_factory.mktemp("batch")
+    hopper = load_sample("hopper_ted")
+    big = torch.cat([hopper] * 60)
+    assert isinstance(big, TensorDict)
+    paths = []
+    for i in range(6):
+        path = root / f"run{i}"
+        big.memmap(path)
+        paths.append(path)
+    return paths
+
+
+def _batch(inputs: list[Path], out: Path, cwd: Path) -> subprocess.Popen[str]:
+    argv = [*ENTRY_POINTS["script"], "compress", *map(str, inputs), "-o", str(out), "-j", "2"]
+    return _start(argv, cwd)
+
+
+def _wait_for_output(out: Path, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and proc.poll() is None:
+        if out.is_dir() and any(not p.name.startswith(".") for p in out.iterdir()):
+            return
+        time.sleep(0.02)
+    pytest.fail("no output appeared")
+
+
+@pytest.mark.parametrize(
+    ("signum", "group", "expected"),
+    [(signal.SIGINT, True, 130), (signal.SIGINT, False, 130), (signal.SIGTERM, False, 143)],
+    ids=["ctrl-c", "sigint", "sigterm"],
+)
+def test_interrupt_mid_batch(
+    inputs: list[Path], tmp_path: Path, signum: int, group: bool, expected: int
+) -> None:
+    out = tmp_path / "small"
+    proc = _batch(inputs, out, tmp_path)
+    _wait_for_output(out, proc)
+    if group:
+        os.killpg(proc.pid, signum)  # what Ctrl-C in a terminal does
+    else:
+        proc.send_signal(signum)
+    code, _, err = _finish(proc)
+    assert code == expected, err
+    assert "Traceback" not in err, err
+    assert "of 6 inputs" in err and "no partial output was left" in err, err
+    left = sorted(out.iterdir())
+    assert left, "a finished output was removed"
+    assert len(left) < len(inputs), "the batch ended before the signal: make the inputs larger"
+    assert all(not p.name.startswith(".") for p in left), left  # no temporaries
+    for path in left:
+        assert verify(path).ok
+
+
+def test_interrupt_before_any_output_leaves_no_folder(inputs: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "small"
+    proc = _batch(inputs, out, tmp_path)
+    deadline = time.monotonic() + 30
+    while not out.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert out.is_dir()  # the folder is made up front, so that workers can write into it
+    proc.send_signal(signal.SIGINT)
+    code, _, err = _finish(proc)
+    assert code == 130 and "Traceback" not in err, err
+    assert not out.exists()
