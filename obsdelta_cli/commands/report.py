@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..codecs import AUTO, CODECS, DEFAULT_CODEC, make_codec
-from ..formats import disk_size
+from ..formats import Source, disk_size
 from ..rebuild import stored_pairs
-from ..report import DatasetResult
+from ..report import DatasetResult, KeyResult
 from ..selection import KeyGroup, candidates, check_time_dim, select_pairs
 from .common import (
     DEFAULT_CHUNK_MB,
@@ -68,7 +68,8 @@ def report(
         stream = stream_for(source, time_dim, chunk_mb)
         results = []
         picks: dict[str, str] = {}
-        for key in KeyGroup.group(source, pairs):
+        groups = KeyGroup.group(source, pairs)
+        for key in groups:
             _codecs, cands, totals = measure_key(stream, source, key, shown)
             lossless = [c for c in cands if CODECS[c.codec].lossless] if not bound else cands
             pick = auto_pick(lossless, key.raw_bytes) or "none"
@@ -89,8 +90,21 @@ def report(
                 )
             )
         removed = [p.next_key for p in pairs if picks.get(p.name, "none") != "none"]
-        saved = sum(k.bytes_before - k.bytes_after for k in results)
+        saved = sum(_saved_on_disk(source, key, k) for key, k in zip(groups, results, strict=True))
         saved += fmt.bookkeeping(source, removed)
     finally:
         fmt.close(source)
     return DatasetResult("report", str(input), None, fmt.name, False, size, size - saved, results)
+
+
+def _saved_on_disk(source: Source, key: KeyGroup, result: KeyResult) -> int:
+    """Bytes a key frees on disk: its next observations as stored (after the container's
+    filters, where it can tell), less what replaces them, filtered alike."""
+    stored = [
+        getattr(source.leaves[p.next_key], "storage_bytes", lambda: None)() for p in key.pairs
+    ]
+    if not all(isinstance(b, int) for b in stored):
+        return result.bytes_before - result.bytes_after
+    on_disk = sum(b for b in stored if b is not None)
+    ratio = on_disk / max(1, result.bytes_before)
+    return on_disk - round(result.bytes_after * ratio)
