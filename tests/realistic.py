@@ -191,7 +191,7 @@ def write_robomimic_real(
                     rewards.append(rew)
             qp, qv = np.asarray(qpos), np.asarray(qvel)  # n + 1 states
             state = np.concatenate([np.asarray(times)[:, None], qp, qv], 1)
-            full = np.concatenate([qp, qv, qp * qv, np.sin(qp)], 1)  # >= 26 features
+            full = np.concatenate([qp, qv, qp * qv, np.sin(qp), np.cos(qv)], 1)  # 30 features
             demo = data.create_group(f"demo_{i}")
             demo.attrs["num_samples"] = n
             demo.attrs["model_file"] = "<mujoco model='hopper'><worldbody/></mujoco>"
@@ -203,6 +203,7 @@ def write_robomimic_real(
             demo.create_dataset("dones", data=dones)
             col = 0
             series: dict[str, np.ndarray] = {}
+            assert full.shape[1] >= sum(LOW_DIM.values())
             for k, d in LOW_DIM.items():
                 series[k] = full[:, col : col + d].astype(np.float64)
                 col += d
