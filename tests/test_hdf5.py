@@ -16,7 +16,7 @@ import torch
 from tensordict import TensorDictBase
 
 from obsdelta_cli import compress, inflate, report
-from obsdelta_cli.formats.hdf5 import H5_COMPRESSIONS
+from obsdelta_cli.formats.hdf5 import H5_COMPRESSIONS, read_meta
 from obsdelta_cli.manifest import FORMAT_VERSION
 
 from .conftest import SAMPLE, Cli, tree_hash
@@ -110,7 +110,9 @@ def test_round_trip_keeps_every_object(
         if props["kind"] == "dataset":
             a, b = data(small, name), data(src, name)
             assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), name
-    meta = json.loads(h5py.File(small, "r").attrs["obsdelta"])
+    with h5py.File(small, "r") as f:
+        meta = read_meta(f, small)
+    assert meta is not None
     assert meta["format"] == result.format and meta["obsdelta_format"] == FORMAT_VERSION
 
     inflate(small, back)

@@ -112,6 +112,23 @@ def _refuse(stats: ErrorStats, codec: Codec, file: Path, pair: Pair) -> None:
     )
 
 
+def _needed(
+    hashes: dict[str, str], stats: ErrorStats, lossless: bool, stored: bool
+) -> dict[str, str]:
+    """The hashes worth keeping: the original next observations equal the rebuilt ones when
+    lossless, and a codec without a stored leaf or a pair without exceptions stores nothing
+    there (hundreds of robomimic demos make every hash count)."""
+    keep = dict(hashes)
+    if lossless:
+        keep.pop("next")
+    if not stored:
+        keep.pop("stored")
+    if not stats.exception_rows:
+        keep.pop("index")
+        keep.pop("rows")
+    return keep
+
+
 def _record(
     pair: Pair,
     codec: Codec,
@@ -137,7 +154,7 @@ def _record(
         exception_rows=stats.exception_rows,
         arrays=names if stats.exception_rows else None,
         error=Error(stats.max_abs_error, stats.rmse, stats.max_rel_error),
-        hashes=hashes,
+        hashes=_needed(hashes, stats, codec.lossless or bound == 0, stored is not None),
     )
 
 

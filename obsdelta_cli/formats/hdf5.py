@@ -210,20 +210,29 @@ def leaves_of(f: h5py.File, file: Path) -> dict[Key, Any]:
     return out
 
 
-#: A manifest longer than this is stored zlib-compressed (one record per robomimic demo and key
-#: adds up: hundreds of KB of repetitive JSON).
-PLAIN_META_BYTES = 1 << 16
-#: Largest manifest read back: far beyond any obsdelta writes, so a crafted attribute cannot
-#: make reading it take more memory than this.
+#: A manifest longer than this is stored zlib-compressed in the dataset ``/obsdelta/manifest``
+#: (one record per robomimic demo and key adds up), the root attribute then naming it: an HDF5
+#: attribute holds at most 64 KB.
+PLAIN_META_BYTES = 1 << 15
+MANIFEST = f"{OWN}/manifest"
+#: Largest manifest read back: far beyond any obsdelta writes, so a crafted file cannot make
+#: reading it take more memory than this.
 MAX_META_BYTES = 1 << 28
 
 
-def encode_meta(meta: dict[str, Any]) -> str | np.void:
-    """The manifest as the root attribute holds it: JSON text, or zlib-compressed JSON bytes."""
+def write_meta(out: h5py.File, meta: dict[str, Any]) -> None:
+    """Store the manifest: as the JSON root attribute, or when long, zlib-compressed in an
+    opaque dataset (non-tensor data to HDF5 readers) that the attribute names."""
     text = json.dumps(meta)
     if len(text) <= PLAIN_META_BYTES:
-        return text
-    return np.void(zlib.compress(text.encode(), 6))
+        out.attrs[META_ATTR] = text
+        return
+    packed = np.frombuffer(zlib.compress(text.encode(), 6), dtype=np.uint8)
+    ds = out.create_dataset(
+        MANIFEST, shape=packed.shape, dtype=h5py.opaque_dtype(np.dtype("V1")), track_times=False
+    )
+    ds[...] = packed.view(ds.dtype)
+    out.attrs[META_ATTR] = json.dumps({"manifest": MANIFEST})
 
 
 def read_meta(f: h5py.File, file: Path) -> dict[str, Any] | None:
@@ -231,19 +240,30 @@ def read_meta(f: h5py.File, file: Path) -> dict[str, Any] | None:
     if raw is None:
         return None
     try:
-        if isinstance(raw, np.void):
-            inflater = zlib.decompressobj()
-            raw = inflater.decompress(raw.tobytes(), MAX_META_BYTES)
-            if inflater.unconsumed_tail:
-                raise ValueError("too long")
         meta = json.loads(raw)
-    except (TypeError, ValueError, zlib.error):
+        if isinstance(meta, dict) and set(meta) == {"manifest"}:
+            meta = json.loads(_packed_manifest(f, file))
+    except (TypeError, ValueError, KeyError, OSError, zlib.error):
         raise InputError(
-            "the obsdelta attribute is not JSON", file=file, hint="damaged file"
+            "the obsdelta metadata is not readable JSON", file=file, hint="damaged file"
         ) from None
     if not isinstance(meta, dict):
         raise InputError("the obsdelta attribute is not a JSON object", file=file)
     return meta
+
+
+def _packed_manifest(f: h5py.File, file: Path) -> bytes:
+    """The zlib-compressed manifest of ``/obsdelta/manifest``, its size checked first."""
+    ds = f.get(MANIFEST)
+    if not isinstance(ds, h5py.Dataset) or ds.ndim != 1 or ds.dtype.itemsize != 1:
+        raise ValueError("no manifest dataset")
+    if ds.shape[0] > min(MAX_META_BYTES, file.stat().st_size):
+        raise ValueError("manifest dataset larger than the file")
+    inflater = zlib.decompressobj()
+    text = inflater.decompress(ds[()].tobytes(), MAX_META_BYTES)
+    if inflater.unconsumed_tail:
+        raise ValueError("manifest too long")
+    return text
 
 
 def copy_attrs(src: Any, dst: Any) -> None:
@@ -321,7 +341,7 @@ class H5Arrays(ArrayStore):
         row_bytes = max(1, math.prod(features) * rows.element_size())
         if name not in group:
             # Exceptions are usually few: small chunks keep a handful of rows small on disk.
-            chunk_rows = max(1, min(1024, (1 << 16) // row_bytes))
+            chunk_rows = max(1, min(256, (1 << 14) // row_bytes))
             ds = group.create_dataset(
                 name,
                 shape=(0,),
@@ -519,7 +539,7 @@ class HDF5Format(Format):
         out = sink.handle
         try:
             if meta is not None:
-                out.attrs[META_ATTR] = encode_meta(meta)
+                write_meta(out, meta)
             out.flush()
         finally:
             out.close()
@@ -537,7 +557,8 @@ def _object_hashes(f: h5py.File, file: Path, skip: Callable[[str], bool]) -> dic
                 return
             if isinstance(obj, h5py.Dataset):
                 out[name] = _raw_hash(obj, fd)
-            out[f"@{name}"] = _attrs_hash(obj)
+            if len(obj.attrs):  # an attribute added to an object without any is still caught
+                out[f"@{name}"] = _attrs_hash(obj)
 
         f.visititems(visit)
     finally:
