@@ -142,5 +142,122 @@ def test_cli_on_genuine_pt(cli: Cli, tmp_path: Path) -> None:
     assert torch.equal(back["next", "observation"], orig["next", "observation"])
 
 
-# Kept for the HDF5 section below.
-__all__ = ["h5py", "np", "tree_hash", "write_d4rl"]
+# ---------------------------------------------------------------------------------------------
+# HDF5: nothing outside the file is opened
+
+D4RL_KEYS = ("observations", "next_observations", "actions", "rewards", "terminals", "timeouts")
+
+
+def _outside(folder: Path, state: str) -> Path:
+    """The file a hostile HDF5 points at: real data, missing, or a path that fails to open."""
+    target = folder / "outside.h5"
+    if state == "directory":
+        target.mkdir()
+    elif state == "present":
+        with h5py.File(target, "w") as g:
+            g.create_dataset("x", data=np.full((300, 11), 7, "f4"))
+        (folder / "outside.bin").write_bytes(np.full((300, 11), 7, "f4").tobytes())
+    return target
+
+
+def _hostile_h5(kind: str, folder: Path, hopper: TensorDictBase) -> tuple[Path, str]:
+    """A genuine D4RL file (real Hopper rows) with one object pointing outside it."""
+    src = write_d4rl(hopper[:300], folder / "plain")
+    path = folder / f"{kind}.hdf5"
+    path.write_bytes(src.read_bytes())
+    src.unlink()
+    with h5py.File(path, "r+") as f:
+        assert set(D4RL_KEYS) <= set(f.keys())
+        del f["next_observations"]
+        if kind == "external-link":
+            f["next_observations"] = h5py.ExternalLink("outside.h5", "/x")
+            return path, "object /next_observations is an external link to outside.h5:/x"
+        if kind == "soft-through-external":
+            f["infos/ext"] = h5py.ExternalLink("outside.h5", "/")
+            f["next_observations"] = h5py.SoftLink("/infos/ext/x")
+            return path, "object /infos/ext is an external link to outside.h5:/"
+        if kind == "external-storage":
+            f.create_dataset(
+                "next_observations",
+                shape=(300, 11),
+                dtype="f4",
+                external=[(str(folder / "outside.bin"), 0, 300 * 11 * 4)],
+            )
+            return path, "dataset /next_observations stores its data in the external file"
+        if kind == "virtual":
+            layout = h5py.VirtualLayout(shape=(300, 11), dtype="f4")
+            layout[:] = h5py.VirtualSource("outside.h5", "x", shape=(300, 11))
+            f.create_virtual_dataset("next_observations", layout)
+            return path, "dataset /next_observations is a virtual dataset mapping outside.h5"
+        if kind == "dangling-soft-link":
+            f["next_observations"] = f["observations"][...] + 1
+            f["infos/qpos"] = h5py.SoftLink("/infos/nowhere")
+            return path, "object /infos/qpos is a soft link to /infos/nowhere, which does not exist"
+        assert kind == "soft-link"
+        f["next_observations"] = h5py.SoftLink("/observations")
+        return path, "object /next_observations is a soft link to /observations"
+
+
+HOSTILE_H5 = [
+    "external-link",
+    "soft-through-external",
+    "external-storage",
+    "virtual",
+    "dangling-soft-link",
+    "soft-link",
+]
+
+
+@pytest.mark.parametrize("kind", HOSTILE_H5)
+@pytest.mark.parametrize("command", COMMANDS)
+def test_hdf5_pointing_outside_is_refused(
+    cli: Cli, tmp_path: Path, hopper: TensorDictBase, kind: str, command: str
+) -> None:
+    _outside(tmp_path, "present")
+    src, says = _hostile_h5(kind, tmp_path, hopper)
+    expect_error(cli, *_args(command, src, tmp_path), says=[src, says])
+
+
+@pytest.mark.parametrize("state", ["missing", "directory"])
+@pytest.mark.parametrize("kind", ["external-link", "external-storage", "virtual"])
+def test_the_outside_file_is_never_opened(
+    cli: Cli, tmp_path: Path, hopper: TensorDictBase, kind: str, state: str
+) -> None:
+    """Were the pointer followed, h5py would fail on the target with its own message; the
+    refusal is ours, so it came first."""
+    _outside(tmp_path, state)
+    (tmp_path / "outside.bin").mkdir(exist_ok=True)  # external raw storage: a folder, unreadable
+    src, says = _hostile_h5(kind, tmp_path, hopper)
+    line = expect_error(cli, *_args("compress", src, tmp_path), says=[src, says])
+    assert "unable to" not in line.lower() and "errno" not in line.lower(), line
+
+
+@pytest.mark.parametrize("kind", ["external-link", "external-storage", "virtual"])
+def test_the_hostile_files_are_live(tmp_path: Path, hopper: TensorDictBase, kind: str) -> None:
+    """h5py follows every one of these pointers on read, which is why obsdelta checks first."""
+    _outside(tmp_path, "present")
+    src, _ = _hostile_h5(kind, tmp_path, hopper)
+    with h5py.File(src, "r") as f:
+        assert (f["next_observations"][...] == 7).all()
+
+
+def test_compressed_hdf5_with_an_external_delta(
+    cli: Cli, tmp_path: Path, hopper: TensorDictBase
+) -> None:
+    small = tmp_path / "small.hdf5"
+    compress(write_d4rl(hopper[:300], tmp_path / "plain"), small, codec="fp16")
+    with h5py.File(small, "r+") as f:
+        del f["obsdelta/delta/next_observations"]
+        f["obsdelta/delta/next_observations"] = h5py.ExternalLink("/nonexistent/x.h5", "/x")
+    says = [small, "/obsdelta/delta/next_observations is an external link"]
+    for command in ("inflate", "verify", "report"):
+        expect_error(cli, *_args(command, small, tmp_path), says=says)
+
+
+def test_self_contained_hdf5_still_works(cli: Cli, tmp_path: Path) -> None:
+    """Hard links only, as every D4RL, robomimic and tensordict file has."""
+    for name in ("hopper_d4rl.hdf5", "hopper_robomimic.hdf5"):
+        before = tree_hash(SAMPLE / name)
+        cli("compress", SAMPLE / name, "-o", tmp_path / name, "--quiet")
+        cli("verify", tmp_path / name, "--quiet")
+        assert tree_hash(SAMPLE / name) == before
