@@ -17,7 +17,10 @@ The metadata is the JSON root attribute ``obsdelta``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import os
+import re
 from abc import abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +30,7 @@ import h5py
 import numpy as np
 import torch
 
-from ..errors import InputError, UsageError
+from ..errors import InputError, OutputError, UsageError
 from .base import ArrayStore, Format, Key, LeafSpec, Plan, Sink, Source, key_str
 from .leaf import FlatRows, LazyLeaf
 
@@ -411,9 +414,17 @@ class HDF5Format(Format):
 
     def create(self, path: Path, source: Source, plan: Plan) -> Sink:
         src: h5py.File = source.handle
-        out = h5py.File(path, "w", libver=src.libver)
+        try:
+            out = h5py.File(path, "w", libver=src.libver)
+        except OSError as exc:
+            raise write_error(path, exc) from None
         try:
             return self._fill_structure(src, out, path, source, plan)
+        except (OSError, RuntimeError) as exc:
+            _close_quietly(out)
+            if isinstance(exc, RuntimeError) and "write failed" not in str(exc):
+                raise
+            raise write_error(path, exc) from None
         except BaseException:
             _close_quietly(out)
             raise
@@ -490,14 +501,59 @@ class HDF5Format(Format):
                 meta["hdf5_layouts"] = new_layouts
                 out.attrs[META_ATTR] = json.dumps(meta)
             out.flush()
-        finally:
             out.close()
+        except (OSError, RuntimeError) as exc:
+            _close_quietly(out)
+            if isinstance(exc, RuntimeError) and "write failed" not in str(exc):
+                raise
+            raise write_error(path, exc) from None
 
 
 def _close_quietly(f: h5py.File) -> None:
-    """Close a file being abandoned after a failure, which may strike again while flushing."""
+    """Close an output being abandoned after a failure (it is deleted next).
+
+    A write that failed (full disk, file size limit, I/O error) leaves HDF5 with dirty metadata
+    it tries to flush again on close; a second failure there leaves the library in a state where
+    the next call touching the file crashes the process. So the file's descriptor is first
+    pointed at ``/dev/null``: the flush on close then succeeds, writing nowhere.
+    """
+    if not f.id.valid:
+        return
+    with contextlib.suppress(OSError, RuntimeError, ValueError, TypeError):
+        if f.mode == "r+":
+            fd = int(f.id.get_vfd_handle())
+            null = os.open(os.devnull, os.O_RDWR)
+            try:
+                os.dup2(null, fd)
+            finally:
+                os.close(null)
     with contextlib.suppress(OSError, RuntimeError):
         f.close()
+
+
+_H5_ERRNO = re.compile(r"errno = (\d+)")
+_H5_MESSAGE = re.compile(r"error message = '([^']*)'")
+
+
+def write_error(path: Path, exc: Exception) -> OutputError:
+    """One line for an HDF5 write that failed (HDF5's messages span lines and name the
+    temporary): the system's reason where HDF5 gives it, else HDF5's first words."""
+    text = " ".join(str(exc).split())
+    found = _H5_MESSAGE.search(text)
+    code = _H5_ERRNO.search(text)
+    if found:
+        reason = found.group(1)
+    elif code and int(code.group(1)) in errno.errorcode:
+        reason = os.strerror(int(code.group(1)))
+    elif "write failed" in text:
+        reason = "HDF5: file write failed"
+    else:
+        reason = text.split(" (", 1)[0] or type(exc).__name__
+    return OutputError(
+        f"cannot write ({reason})",
+        file=path.parent / path.name.split(".obsdelta-tmp-")[0].lstrip("."),
+        hint="check free space and permissions; nothing was written",
+    )
 
 
 def _arrays_kwargs(src: h5py.File, plan: Plan) -> dict[str, Any]:
