@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import pickle
 import re
+import warnings
 import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,7 +59,8 @@ def load(path: Path) -> Any:
     own classes are built; anything else in the pickle raises :class:`InputError`."""
     try:
         mmap = zipfile.is_zipfile(path)
-        with torch.serialization.safe_globals(safe_globals()):
+        with torch.serialization.safe_globals(safe_globals()), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # e.g. "pickle protocol 1": refused below
             return torch.load(path, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
         text = str(exc)
