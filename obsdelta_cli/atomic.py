@@ -1,4 +1,4 @@
-"""All-or-nothing output: write beside the target, then rename into place.
+"""All-or-nothing output: one writer per output, written beside the target, swapped into place.
 
 >>> import tempfile, pathlib
 >>> d = pathlib.Path(tempfile.mkdtemp())
@@ -6,19 +6,52 @@
 ...     _ = tmp.write_text("done")
 >>> (d / "out.txt").read_text(), sorted(p.name for p in d.iterdir())
 ('done', ['out.txt'])
+
+How an output comes to be, for ``OUTPUT`` in folder ``DIR``:
+
+1. ``DIR/.OUTPUT.obsdelta-lock`` is locked (``flock``): a second run for the same OUTPUT refuses
+   at once without ``force``, and waits for the first with it, so two runs never interleave.
+2. Under the lock, what killed runs left is cleaned up: temporaries ``.OUTPUT.obsdelta-tmp-PID``
+   and ``.OUTPUT.obsdelta-old-PID`` (an ``-old-`` copy is put back first if OUTPUT is missing,
+   which only a crash in the middle of the fallback swap can cause). The lock file of a killed
+   run is reused and removed at the end.
+3. OUTPUT is checked (exists without ``force``; with ``replaceable``, whether it may go) and so
+   is the free space (with ``expected_bytes``).
+4. The caller writes the temporary; it is flushed to disk (every file and folder).
+5. The temporary takes OUTPUT's place in one step: ``renameat2(RENAME_EXCHANGE)`` swaps it with
+   an existing OUTPUT (the old one is then deleted under the temporary's name), and
+   ``renameat2(RENAME_NOREPLACE)`` puts it in place of none. Where the system call is missing,
+   two renames (OUTPUT aside, temporary in) do it, and step 2 repairs a crash between them.
+
+After a SIGKILL at any moment, OUTPUT is the old one or the complete new one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
+import fcntl
+import math
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from .errors import OutputError
+from .errors import ObsdeltaError, OutputError
+
+if TYPE_CHECKING:
+    from .formats.base import Plan, Source
 
 TMP_MARK = ".obsdelta-tmp-"
+OLD_MARK = ".obsdelta-old-"
+LOCK_MARK = ".obsdelta-lock"
+
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+_RENAME_EXCHANGE = 2
 
 
 def _fsync(path: Path) -> None:
@@ -48,12 +81,29 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def clean_stale(output: Path) -> None:
-    """Remove temporaries a killed run left beside ``output`` (their process is gone)."""
-    for tmp in output.parent.glob(f".{output.name}{TMP_MARK}*"):
-        pid = tmp.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
+def _debris(output: Path, mark: str) -> list[Path]:
+    return sorted(output.parent.glob(f".{output.name}{mark}*"))
+
+
+def clean_stale(output: Path, *, locked: bool = False) -> None:
+    """Remove what killed runs left beside ``output``.
+
+    Holding ``output``'s lock (``locked``), every temporary is stale, whatever its PID: a live
+    writer would hold the lock. Without it, only those of dead processes are. A ``-old-`` copy
+    is put back first if ``output`` is missing (a crash between the two renames of the fallback
+    swap).
+    """
+    olds = [p for p in _debris(output, OLD_MARK) if locked or _dead(p)]
+    if olds and not os.path.lexists(output):
+        os.rename(olds.pop(), output)
+    for tmp in [*_debris(output, TMP_MARK), *olds]:
+        if locked or _dead(tmp):
             _remove(tmp)
+
+
+def _dead(path: Path) -> bool:
+    pid = path.name.rsplit("-", 1)[-1]
+    return pid.isdigit() and not _alive(int(pid))
 
 
 def _remove(path: Path) -> None:
@@ -67,8 +117,7 @@ def _inside(child: Path, parent: Path) -> bool:
     return child == parent or parent in child.parents
 
 
-def check_output(output: Path, source: Path, *, force: bool) -> None:
-    """Refuse an output that would clobber data or overlap the input."""
+def _check_paths(output: Path, source: Path) -> None:
     out, src = output.resolve(), source.resolve()
     if _inside(out, src) or _inside(src, out):
         raise OutputError(
@@ -76,35 +125,249 @@ def check_output(output: Path, source: Path, *, force: bool) -> None:
         )
     if not out.parent.is_dir():
         raise OutputError("output folder does not exist", file=out.parent, hint="create it first")
-    if output.exists() and not force:
+
+
+def check_output(output: Path, source: Path, *, force: bool) -> None:
+    """Refuse an output that would clobber data or overlap the input."""
+    _check_paths(output, source)
+    if os.path.lexists(output) and not force:
         raise OutputError("output already exists", file=output, hint="pass --force to replace it")
 
 
+# ---------------------------------------------------------------------------------------------
+# What --force may replace
+
+
+def check_replaceable(output: Path, kind: str) -> None:
+    """Refuse to replace ``output`` unless obsdelta could have written it.
+
+    Replaceable: an earlier obsdelta output of any format (its metadata says so), or a dataset
+    of format ``kind`` (the output's own, so that ``inflate --force`` replaces an earlier
+    inflate). Anything else (a folder of other files, a file of another kind, something that
+    cannot be read) raises :class:`OutputError` and is left as it is. The check reads the target
+    the way an input is read, so it runs no code from it and follows no link out of it.
+    """
+    from .formats import detect
+
+    if not os.path.lexists(output):
+        return
+    what = "neither an obsdelta output nor a dataset obsdelta reads"
+    if not output.is_symlink():
+        try:
+            fmt = detect(output)
+            if fmt.name == kind:
+                return
+            source = fmt.open(output)
+            try:
+                if source.meta is not None:
+                    return
+            finally:
+                fmt.close(source)
+            what = f"a {fmt.name} dataset, not {kind}, and not an obsdelta output"
+        except (ObsdeltaError, OSError, ValueError, RuntimeError):
+            pass
+    else:
+        what = "a symbolic link"
+    raise OutputError(
+        f"output exists and is {what}; --force replaces only what obsdelta could have written",
+        file=output,
+        hint="delete it yourself if it should go, or choose another output",
+    )
+
+
+def _check_replace(output: Path, replaceable: str | Callable[[Path], None] | None) -> None:
+    if replaceable is None or not os.path.lexists(output):
+        return
+    if isinstance(replaceable, str):
+        check_replaceable(output, replaceable)
+    else:
+        replaceable(output)
+
+
+# ---------------------------------------------------------------------------------------------
+# Free space
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError  # pragma: no cover
+
+
+def check_free_space(output: Path, expected_bytes: int) -> None:
+    """Refuse when the output's folder has less free space than ``expected_bytes``."""
+    free = shutil.disk_usage(output.parent).free
+    if free < expected_bytes:
+        raise OutputError(
+            f"not enough free space: the output needs about {_size(expected_bytes)}, "
+            f"{_size(free)} is free in {output.parent}",
+            file=output,
+            hint=f"free at least {_size(expected_bytes - free)} or write the output elsewhere",
+        )
+
+
+def estimate_output_bytes(source: Source, plan: Plan) -> int:
+    """An upper estimate of the bytes ``plan`` writes from ``source``: the input's bytes on disk,
+    less the leaves left out, plus the new leaves at their full (unfiltered) size, plus 5% and
+    1 MiB for metadata, exception rows and container overhead."""
+    from .formats.base import disk_size
+
+    kept = set(plan.order)
+    dropped = 0
+    for key, leaf in source.leaves.items():
+        if key not in kept:
+            dropped += _leaf_bytes(leaf)
+    new = sum(math.prod(s.shape) * s.dtype.itemsize for s in plan.new.values())
+    body = max(0, disk_size(source.path) - dropped) + new
+    return int(body * 1.05) + (1 << 20)
+
+
+def _leaf_bytes(leaf: Any) -> int:
+    shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+    itemsize = getattr(dtype, "itemsize", None)
+    if shape is None or not isinstance(itemsize, int):
+        return 0
+    return math.prod(shape) * itemsize
+
+
+# ---------------------------------------------------------------------------------------------
+# One writer per output
+
+
 @contextmanager
-def atomic_output(output: Path, *, source: Path, force: bool) -> Iterator[Path]:
-    """Yield a temporary sibling of ``output``; on success flush it to disk and rename it into
+def output_lock(output: Path, *, wait: bool) -> Iterator[None]:
+    """Hold ``.OUTPUT.obsdelta-lock`` beside ``output``; without ``wait``, refuse if another
+    run holds it. The lock file is removed on the way out (a killed run's is reused)."""
+    path = output.parent / f".{output.name}{LOCK_MARK}"
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise OutputError(
+                f"cannot write ({exc.strerror})",
+                file=path,
+                hint="check free space and permissions; nothing was written",
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise OutputError(
+                f"another obsdelta run{holder} is writing this output",
+                file=output,
+                hint="wait for it to finish, or write the output elsewhere",
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        # The holder before us may have removed the file after we opened it: lock the file that
+        # is at the path now, or two runs could hold locks on different files.
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # while still holding it: a waiter then retries with a fresh file
+        os.close(fd)
+
+
+def _holder(fd: int) -> str:
+    with contextlib.suppress(OSError, ValueError):
+        pid = int(os.pread(fd, 32, 0).decode().strip())
+        return f" (pid {pid})"
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Atomic swap
+
+_libc: Any = None
+
+
+def _renameat2(old: Path, new: Path, flags: int) -> bool:
+    """``renameat2(old, new, flags)``; ``False`` where the system call or flag is unsupported
+    (not Linux, an old kernel, a file system without it)."""
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(None, use_errno=True)
+            _libc.renameat2  # noqa: B018 - raises AttributeError where libc lacks it
+        except (OSError, AttributeError):
+            _libc = False
+    if _libc is False:
+        return False
+    done = _libc.renameat2(_AT_FDCWD, os.fsencode(old), _AT_FDCWD, os.fsencode(new), flags)
+    if done == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(new))
+
+
+def _put_in_place(tmp: Path, output: Path) -> None:
+    """Make ``tmp`` be ``output`` in one step; the old ``output`` (if any) is deleted after."""
+    if os.path.lexists(output):
+        if _renameat2(tmp, output, _RENAME_EXCHANGE):
+            _remove(tmp)  # now the old output
+            return
+        old = output.parent / f".{output.name}{OLD_MARK}{os.getpid()}"
+        os.rename(output, old)
+        os.rename(tmp, output)
+        _remove(old)
+    elif not _renameat2(tmp, output, _RENAME_NOREPLACE):
+        os.rename(tmp, output)
+
+
+@contextmanager
+def atomic_output(
+    output: Path,
+    *,
+    source: Path,
+    force: bool,
+    expected_bytes: int | None = None,
+    replaceable: str | Callable[[Path], None] | None = None,
+) -> Iterator[Path]:
+    """Yield a temporary sibling of ``output``; on success flush it to disk and swap it into
     place, else remove it.
 
     An existing ``output`` (allowed only with ``force``) is replaced only once the new one is
-    complete, so a failure leaves the old one untouched. Temporaries left by killed runs are
-    removed first.
+    complete, so a failure leaves the old one untouched. One run at a time writes ``output``
+    (see the module's notes); what killed runs left is cleaned up first.
+
+    ``expected_bytes``: refuse before writing if the folder has less free space (see
+    :func:`estimate_output_bytes`). ``replaceable``: what ``force`` may replace; a format name
+    applies :func:`check_replaceable` with it, a callable is called with ``output`` and raises
+    :class:`OutputError` to refuse. ``None`` lets ``force`` replace anything.
     """
     check_output(output, source, force=force)
-    clean_stale(output)
-    tmp = output.parent / f".{output.name}{TMP_MARK}{os.getpid()}"
-    _remove(tmp)
-    try:
-        yield tmp
-        # Durable before visible: after a crash, OUTPUT is either absent or complete.
-        _fsync_tree(tmp)
-        if output.exists():
-            old = output.parent / f".{output.name}.obsdelta-old-{os.getpid()}"
-            os.replace(output, old)
-            os.replace(tmp, output)
-            _remove(old)
-        else:
-            os.replace(tmp, output)
-        _fsync(output.parent)
-    except BaseException:
+    with output_lock(output, wait=force):
+        clean_stale(output, locked=True)
+        check_output(output, source, force=force)  # again: another run may have finished
+        if force:
+            _check_replace(output, replaceable)
+        if expected_bytes is not None:
+            check_free_space(output, expected_bytes)
+        tmp = output.parent / f".{output.name}{TMP_MARK}{os.getpid()}"
         _remove(tmp)
-        raise
+        try:
+            yield tmp
+            # Durable before visible: after a crash, OUTPUT is the old one or the complete new one.
+            _fsync_tree(tmp)
+            _put_in_place(tmp, output)
+            _fsync(output.parent)
+        except BaseException:
+            _remove(tmp)
+            raise

@@ -13,6 +13,9 @@ exceptions and terminal users never see a traceback for a problem with their dat
 
 from __future__ import annotations
 
+import errno
+import os
+import re
 from pathlib import Path
 
 
@@ -66,3 +69,36 @@ class OutputError(ObsdeltaError):
 
 class FormatVersionError(InputError):
     """A compressed file written by a newer, unknown obsdelta format version."""
+
+
+_ERRNO = re.compile(r"errno = (\d+)")
+_MESSAGE = re.compile(r"error message = '([^']*)'")
+_TEMPORARY = ".obsdelta-tmp-"
+
+
+def write_error(path: str | Path, exc: BaseException) -> OutputError:
+    """One line for a write that failed. HDF5's messages span lines and name the temporary
+    file: the system's reason where the message gives it, else its first words; the file named
+    is the output the user asked for."""
+    text = " ".join(str(exc).split())
+    found, code = _MESSAGE.search(text), _ERRNO.search(text)
+    strerror = exc.strerror if isinstance(exc, OSError) else None
+    if found:
+        reason = found.group(1)
+    elif code and int(code.group(1)) in errno.errorcode:
+        reason = os.strerror(int(code.group(1)))
+    elif "write failed" in text:
+        reason = "file write failed"
+    elif strerror and "(" not in strerror:
+        reason = strerror
+    else:
+        reason = text.split(" (", 1)[0] or type(exc).__name__
+    path = Path(path)
+    name = path.name.split(_TEMPORARY)[0]
+    if _TEMPORARY in path.name:
+        name = name.lstrip(".")
+    return OutputError(
+        f"cannot write ({reason})",
+        file=path.parent / name,
+        hint="check free space and permissions; nothing was written",
+    )

@@ -422,10 +422,16 @@ def test_existing_output(cli, hopper, tmp_path: Path, fmt: str, command: str) ->
     else:
         dst.write_text("not ours to delete")
     expect_error(cli, *args, says=[dst, "already exists", "--force"])
+    # --force replaces only what obsdelta could have written: not a folder or file of others.
+    expect_error(cli, *args, "--force", says=[dst])
+    if src.is_dir():
+        shutil.rmtree(dst)
+    else:
+        dst.unlink()
 
+    cli(*args, "--quiet")  # an earlier output, which --force may replace
     cli(*args, "--force", "--quiet", *(["--codec", "fp16"] if command == "compress" else []))
     assert (("next", "delta", "observation") in leaf_keys(dst)) == (command == "compress")
-    assert not (dst / "keep.txt").exists()
     assert not list(tmp_path.glob(TMP_GLOB))
 
 

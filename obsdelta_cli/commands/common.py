@@ -12,8 +12,8 @@ from typing import Any, ParamSpec, TypeVar
 
 import torch
 
-from ..atomic import atomic_output
-from ..errors import DataError, InputError, ObsdeltaError, OutputError, UsageError
+from ..atomic import atomic_output, estimate_output_bytes
+from ..errors import DataError, InputError, ObsdeltaError, UsageError, write_error
 from ..formats import Format, Plan, Sink, Source, detect
 from ..manifest import Manifest, parse
 from ..rebuild import StoredPair
@@ -106,7 +106,13 @@ def write(
     """Create ``output`` as ``plan`` says, atomically; ``fill`` writes it and returns the meta,
     ``check`` re-reads it before it is renamed into place."""
     try:
-        with atomic_output(output, source=source.path, force=force) as tmp:
+        with atomic_output(
+            output,
+            source=source.path,
+            force=force,
+            expected_bytes=estimate_output_bytes(source, plan),
+            replaceable=fmt.name,  # --force replaces only what obsdelta could have written
+        ) as tmp:
             sink = fmt.create(tmp, source, plan)
             sink.path = tmp
             try:
@@ -123,12 +129,7 @@ def write(
         text = str(exc)
         if isinstance(exc, RuntimeError) and not _IO_FAILURE.search(text):
             raise
-        reason = getattr(exc, "strerror", None) or (text.splitlines() or [type(exc).__name__])[0]
-        raise OutputError(
-            f"cannot write ({reason})",
-            file=getattr(exc, "filename", None) or output,
-            hint="check free space and permissions; nothing was written",
-        ) from None
+        raise write_error(getattr(exc, "filename", None) or output, exc) from None
 
 
 def _stored_bytes(

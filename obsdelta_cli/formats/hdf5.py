@@ -32,7 +32,11 @@ import numpy as np
 import torch
 import xxhash
 
-from ..errors import InputError, UsageError
+from ..errors import (
+    InputError,
+    UsageError,
+    write_error,
+)
 from .base import ArrayStore, Format, Key, LeafSpec, Plan, Sink, Source, key_str
 from .leaf import FlatRows, LazyLeaf
 
@@ -60,13 +64,129 @@ def is_hdf5(path: Path) -> bool:
 
 
 def open_h5(path: Path) -> h5py.File:
-    """Open read-only, turning a damaged file into :class:`InputError`."""
+    """Open read-only, turning a damaged file into :class:`InputError` and refusing a file that
+    points outside itself (:func:`check_contained`)."""
     try:
-        return h5py.File(path, "r")
+        f = h5py.File(path, "r")
     except (OSError, ValueError) as exc:
-        raise InputError(
-            f"cannot open as HDF5 ({exc})", file=path, hint="the file is truncated or damaged"
-        ) from None
+        raise _damaged(path, exc) from None
+    try:
+        check_contained(f, path)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def _damaged(path: Path, exc: BaseException) -> InputError:
+    return InputError(
+        f"cannot open as HDF5 ({exc})", file=path, hint="the file is truncated or damaged"
+    )
+
+
+_OUTSIDE_HINT = (
+    "obsdelta reads only data stored inside the file; copy the data in "
+    "(e.g. h5py's Group.copy, or h5repack) and retry"
+)
+#: Files already found self-contained, by (device, inode, size, mtime): detection opens a file
+#: once per HDF5 layout, and a file with many objects takes a while to walk.
+_CONTAINED: set[tuple[int, int, int, int]] = set()
+
+
+def check_contained(f: h5py.File, path: Path) -> None:
+    """Refuse a file that points outside itself, before anything follows the pointer.
+
+    Every link is listed without being followed (``H5Lvisit`` descends through hard links only),
+    and every dataset's creation properties are read without reading its data. Refused, naming
+    the object: external links; soft links (dangling ones, and also those naming an object
+    inside the file: obsdelta copies objects exactly, and a link would come out as a second
+    copy of its target); other user-defined links; datasets whose raw data sits in external
+    files; virtual datasets, whose data sits in other datasets, usually other files.
+    """
+    try:
+        st = path.stat()
+    except OSError:
+        st = None
+    stamp = None if st is None else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if stamp is not None and stamp in _CONTAINED:
+        return
+    try:
+        _check_links(f, path)
+        _check_datasets(f, path)
+    except (OSError, RuntimeError, ValueError, KeyError) as exc:
+        raise _damaged(path, exc) from None
+    if stamp is not None:
+        _CONTAINED.add(stamp)
+
+
+def _check_links(f: h5py.File, path: Path) -> None:
+    found: list[tuple[bytes, int]] = []
+
+    def visit(name: bytes, info: Any) -> None:
+        if info.type != h5py.h5l.TYPE_HARD:
+            found.append((name, info.type))
+            return None
+        return None
+
+    f.id.links.visit(visit, info=True)
+    if not found:
+        return
+    # External links first: a soft link is resolved below only once none exists.
+    found.sort(key=lambda item: (item[1] == h5py.h5l.TYPE_SOFT, item[1] != h5py.h5l.TYPE_EXTERNAL))
+    name, kind = found[0]
+    obj = "/" + name.decode(errors="replace")
+    hint = _OUTSIDE_HINT
+    if kind == h5py.h5l.TYPE_EXTERNAL:
+        target_file, target = (v.decode(errors="replace") for v in f.id.links.get_val(name))
+        what = f"object {obj} is an external link to {target_file}:{target}"
+    elif kind == h5py.h5l.TYPE_SOFT:
+        target = f.id.links.get_val(name).decode(errors="replace")
+        if _resolves(f, name):
+            what = f"object {obj} is a soft link to {target}, which obsdelta does not follow"
+            hint = (
+                "obsdelta copies HDF5 objects exactly and would store the link as a second "
+                f"copy of {target}; delete the link (del f['{obj}']) or replace it by the object"
+            )
+        else:
+            what = f"object {obj} is a soft link to {target}, which does not exist"
+            hint = f"delete the dangling link (del f['{obj}']) and retry"
+    else:
+        what = f"object {obj} is a user-defined link (type {kind})"
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    raise InputError(what + more, file=path, hint=hint)
+
+
+def _resolves(f: h5py.File, name: bytes) -> bool:
+    """Whether a soft link names an object (no external link exists in the file by now)."""
+    try:
+        return bool(f.id.links.exists(name)) and h5py.h5o.open(f.id, name) is not None
+    except (KeyError, OSError, RuntimeError, ValueError):
+        return False
+
+
+def _check_datasets(f: h5py.File, path: Path) -> None:
+    problems: list[str] = []
+
+    def visit(name: bytes, info: Any) -> None:
+        if info.type != h5py.h5o.TYPE_DATASET:
+            return None
+        dcpl = h5py.h5o.open(f.id, name).get_create_plist()
+        obj = "/" + name.decode(errors="replace")
+        if dcpl.get_layout() == h5py.h5d.VIRTUAL:
+            count = dcpl.get_virtual_count()
+            files = sorted({dcpl.get_virtual_filename(i) for i in range(count)})
+            problems.append(
+                f"dataset {obj} is a virtual dataset mapping {', '.join(files) or 'nothing'}"
+            )
+        elif dcpl.get_external_count():
+            raw = dcpl.get_external(0)[0].decode(errors="replace")
+            problems.append(f"dataset {obj} stores its data in the external file {raw}")
+        return None
+
+    h5py.h5o.visit(f.id, visit, info=True)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise InputError(problems[0] + more, file=path, hint=_OUTSIDE_HINT)
 
 
 def torch_dtype(dtype: np.dtype) -> torch.dtype | None:
@@ -395,6 +515,7 @@ class HDF5Format(Format):
             return False
         try:
             with h5py.File(path, "r") as f:
+                check_contained(f, path)  # before matches() follows any link
                 return cls.matches(f)
         except OSError:
             return False  # cannot be opened: detection reports it precisely
@@ -432,9 +553,12 @@ class HDF5Format(Format):
 
     def object_hashes(self, opened: Source | Sink, skip: Callable[[str], bool]) -> dict[str, str]:
         f: h5py.File = opened.handle
-        if f.mode == "r+":
-            f.flush()  # an output being written: its raw chunks must be on disk
         file = Path(f.filename)
+        if id(f) in _OUTPUT_FDS:  # an output being written: its raw chunks must be on disk
+            try:
+                f.flush()
+            except (OSError, RuntimeError) as exc:
+                raise write_error(file, exc) from None
         try:
             return _object_hashes(f, file, skip)
         except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
@@ -456,11 +580,20 @@ class HDF5Format(Format):
 
     def create(self, path: Path, source: Source, plan: Plan) -> Sink:
         src: h5py.File = source.handle
-        # No chunk cache: each chunk goes to disk as soon as it is whole, in row order, so the
-        # file is laid out the same whatever the size of the writes.
-        out = h5py.File(path, "w", libver=src.libver, rdcc_nbytes=0)
+        try:
+            # No chunk cache: each chunk goes to disk as soon as it is whole, in row order, so
+            # the file is laid out the same whatever the size of the writes.
+            out = h5py.File(path, "w", libver=src.libver, rdcc_nbytes=0)
+            _OUTPUT_FDS[id(out)] = int(out.id.get_vfd_handle())
+        except OSError as exc:
+            raise write_error(path, exc) from None
         try:
             return self._fill_structure(src, out, path, source, plan)
+        except (OSError, RuntimeError) as exc:
+            _close_quietly(out)
+            if isinstance(exc, RuntimeError) and "write failed" not in str(exc):
+                raise
+            raise write_error(path, exc) from None
         except BaseException:
             _close_quietly(out)
             raise
@@ -541,8 +674,13 @@ class HDF5Format(Format):
             if meta is not None:
                 write_meta(out, meta)
             out.flush()
-        finally:
             out.close()
+            _OUTPUT_FDS.pop(id(out), None)
+        except (OSError, RuntimeError) as exc:
+            _close_quietly(out)
+            if isinstance(exc, RuntimeError) and "write failed" not in str(exc):
+                raise
+            raise write_error(path, exc) from None
 
 
 def _object_hashes(f: h5py.File, file: Path, skip: Callable[[str], bool]) -> dict[str, str]:
@@ -637,8 +775,28 @@ def _header_bytes(obj: Any, *, group: bool) -> int:
     return total
 
 
+#: The file descriptor of each output being written, by ``id`` of its h5py file.
+_OUTPUT_FDS: dict[int, int] = {}
+
+
 def _close_quietly(f: h5py.File) -> None:
-    """Close a file being abandoned after a failure, which may strike again while flushing."""
+    """Close an output being abandoned after a failure (it is deleted next).
+
+    A write that failed (full disk, file size limit, I/O error) leaves HDF5 with dirty metadata
+    it tries to flush again on close; a second failure there leaves the library in a state where
+    the next call touching the file crashes the process. So the file's descriptor is first
+    pointed at ``/dev/null``: the flush on close then succeeds, writing nowhere.
+    """
+    # The descriptor was noted when the file was created: asking HDF5 for it now could crash.
+    fd = _OUTPUT_FDS.pop(id(f), None)
+    if fd is None:
+        return  # closed already, or not an output
+    with contextlib.suppress(OSError):
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            os.dup2(null, fd)
+        finally:
+            os.close(null)
     with contextlib.suppress(OSError, RuntimeError):
         f.close()
 

@@ -1,14 +1,18 @@
 """A TensorDict saved with ``torch.save`` to a ``.pt`` file.
 
-The whole TensorDict is unpickled (memory-mapped where torch can), so only open ``.pt`` files
-you trust, exactly as with ``torch.load``. A compressed ``.pt`` is still a TensorDict; its obsdelta
-metadata and exception rows are the non-tensor leaf ``_obsdelta`` at the root, a dict
-``{"meta": <JSON string>, "arrays": {name: tensor}}``.
+The file is loaded with ``torch.load(weights_only=True)``: the unpickler builds tensors, plain
+containers and the few tensordict classes a saved TensorDict references (:data:`SAFE_GLOBALS`),
+and refuses anything else in the pickle before it can run. A compressed ``.pt`` is still a
+TensorDict; its obsdelta metadata and exception rows are the non-tensor leaf ``_obsdelta`` at the
+root, a dict ``{"meta": <JSON string>, "arrays": {name: tensor}}``, which loads the same way.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
+import re
+import warnings
 import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +29,63 @@ if TYPE_CHECKING:  # tensordict costs seconds to import; HDF5 work never needs i
 META_KEY = "_obsdelta"
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default format
 _PICKLE_MAGIC = b"\x80"  # protocol 2+ pickles, torch's legacy format
+#: Where tensordict defines what a pickled TensorDict references (module, names). These are the
+#: names tensordict >= 0.15 allow-lists itself; none imports a module named in the pickle, opens
+#: files or unpickles nested data. Leaves stored in files (``MemoryMappedTensor``), user
+#: tensorclasses and other non-tensor objects stay refused.
+_TENSORDICT_GLOBALS = {
+    "tensordict._reductions": ("_make_td", "_rebuild_tensordict_files_consolidated"),
+    "tensordict._td": ("TensorDict",),
+    "tensordict._lazy": ("LazyStackedTensorDict",),
+    "tensordict.tensorclass": ("NonTensorData", "NonTensorStack"),
+    "tensordict.utils": ("_LockedSchema",),
+}
+_UNSUPPORTED = re.compile(r"unsupported (?:global: )?GLOBAL (\S+)|unsupported operand (\S+)", re.I)
+
+
+def safe_globals() -> list[Any]:
+    """The tensordict classes and functions a ``torch.save``'d TensorDict references."""
+    import importlib
+
+    out = []
+    for module_name, names in _TENSORDICT_GLOBALS.items():
+        module = importlib.import_module(module_name)
+        out += [getattr(module, n) for n in names if hasattr(module, n)]
+    return out
+
+
+def load(path: Path) -> Any:
+    """``torch.load`` without running code: only tensors, plain containers and tensordict's
+    own classes are built; anything else in the pickle raises :class:`InputError`."""
+    try:
+        mmap = zipfile.is_zipfile(path)
+        with torch.serialization.safe_globals(safe_globals()), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # e.g. "pickle protocol 1": refused below
+            return torch.load(path, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as exc:
+        text = str(exc)
+        found = _UNSUPPORTED.search(text)
+        if found is None and "weights only" not in text.lower():
+            raise _damaged(path, exc) from None
+        what = (found.group(1) or found.group(2)) if found else "objects other than tensors"
+        raise InputError(
+            f"the pickle references {what.rstrip('.,')}, which obsdelta does not load "
+            "(unpickling it could run code)",
+            file=path,
+            hint="obsdelta reads .pt files holding a plain TensorDict of tensors; if you trust "
+            "this file, load it yourself and save td.clone() or td.memmap(folder)",
+        ) from None
+    except Exception as exc:  # a damaged pickle can fail in any way while it loads
+        raise _damaged(path, exc) from None
+
+
+def _damaged(path: Path, exc: BaseException) -> InputError:
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return InputError(
+        f"cannot load with torch.load ({type(exc).__name__}: {first})",
+        file=path,
+        hint="the file is damaged or not a torch.save file",
+    )
 
 
 class TedPt(TensorDictFormat):
@@ -40,14 +101,7 @@ class TedPt(TensorDictFormat):
         return head == _ZIP_MAGIC or head[:1] == _PICKLE_MAGIC
 
     def open(self, path: Path) -> Source:
-        try:
-            obj = torch.load(path, weights_only=False, mmap=zipfile.is_zipfile(path))
-        except Exception as exc:  # a damaged pickle can fail in any way while it loads
-            raise InputError(
-                f"cannot load with torch.load ({type(exc).__name__}: {exc})",
-                file=path,
-                hint="the file is damaged or not a torch.save file",
-            ) from None
+        obj = load(path)
         from tensordict import TensorDictBase
 
         if not isinstance(obj, TensorDictBase):
