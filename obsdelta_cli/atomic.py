@@ -34,6 +34,7 @@ import errno
 import fcntl
 import math
 import os
+import resource
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -197,7 +198,17 @@ def _size(n: float) -> str:
 
 
 def check_free_space(output: Path, expected_bytes: int) -> None:
-    """Refuse when the output's folder has less free space than ``expected_bytes``."""
+    """Refuse when the output's folder has less free space than ``expected_bytes``, or the
+    process's file size limit (``ulimit -f``) is below it: HDF5 can crash when a write fails
+    in the middle of an object copy, so the failure is foreseen rather than met."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY and limit < expected_bytes:
+        raise OutputError(
+            f"cannot write (the file size limit, {_size(limit)}, is below the output's "
+            f"estimated {_size(expected_bytes)})",
+            file=output,
+            hint="raise the limit (ulimit -f), check free space, or write a smaller output",
+        )
     free = shutil.disk_usage(output.parent).free
     if free < expected_bytes:
         raise OutputError(

@@ -581,9 +581,7 @@ class HDF5Format(Format):
     def create(self, path: Path, source: Source, plan: Plan) -> Sink:
         src: h5py.File = source.handle
         try:
-            # No chunk cache: each chunk goes to disk as soon as it is whole, in row order, so
-            # the file is laid out the same whatever the size of the writes.
-            out = h5py.File(path, "w", libver=src.libver, rdcc_nbytes=0)
+            out = h5py.File(path, "w", libver=src.libver)
             _OUTPUT_FDS[id(out)] = int(out.id.get_vfd_handle())
         except OSError as exc:
             raise write_error(path, exc) from None
