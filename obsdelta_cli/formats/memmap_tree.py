@@ -155,6 +155,11 @@ def read_tree(root: Path) -> Tree:
                 file = folder / f"{stem}.memmap"
                 expected = math.prod(shape) * dtype.itemsize
                 actual = file.stat().st_size if file.is_file() else None
+                if expected == 0 and actual is None:
+                    # tensordict writes no file for an empty leaf
+                    level.names[name] = stem
+                    leaves[key] = torch.empty(shape, dtype=dtype)
+                    continue
                 if actual is None or actual < expected:
                     found = "is missing" if actual is None else f"holds {actual} bytes"
                     raise _fail(
@@ -300,7 +305,9 @@ def write_tree(
         # Leaves of this level.
         for name in names:
             key = (*prefix, name)
-            if key in plan.new or isinstance(tree.leaves.get(key), FileLeaf):
+            if key not in plan.new and isinstance(tree.leaves.get(key), torch.Tensor):
+                leaves[key] = torch.empty_like(tree.leaves[key])  # empty: no file, as tensordict
+            elif key in plan.new or isinstance(tree.leaves.get(key), FileLeaf):
                 if key in plan.new:
                     shape, dtype = plan.new[key].shape, plan.new[key].dtype
                 else:
@@ -308,8 +315,12 @@ def write_tree(
                     shape, dtype = src.shape, src.dtype
                 known = src_level.names.get(name) if src_level else None
                 file = folder / f"{known or encode_key(name)}.memmap"
+                size = math.prod(shape) * dtype.itemsize
+                if size == 0 and key in plan.new:
+                    leaves[key] = torch.empty(shape, dtype=dtype)
+                    continue
                 with open(file, "wb") as fh:
-                    fh.truncate(math.prod(shape) * dtype.itemsize)
+                    fh.truncate(size)
                 leaves[key] = FileLeaf(file, dtype, tuple(shape), writable=True)
             elif key in tree.leaves:
                 leaves[key] = tree.leaves[key]
