@@ -89,6 +89,11 @@ class Tree:
     leaves: dict[Key, Any]
     batch_dims: int
 
+    def __getitem__(self, key: str | Key) -> Any:
+        """A leaf as a tensor, mapped privately (nothing written through it reaches the file)."""
+        leaf = self.leaves[(key,) if isinstance(key, str) else tuple(key)]
+        return leaf.mapped() if isinstance(leaf, FileLeaf) else leaf
+
 
 def _fail(msg: str, file: Path, key: str | None = None, hint: str = "damaged folder") -> InputError:
     return InputError(msg, file=file, key=key, hint=hint)
