@@ -194,7 +194,10 @@ def test_torchrl_cache_only_observations_rewritten(
     layouts = request.getfixturevalue("real" if cache == "d4rl-cache" else "minari_real")
     src = layouts[cache]
     root_small, root_back = tmp_path / "small", tmp_path / "back"
-    small, back = root_small / src.name, root_back / src.name
+    # TorchRL keeps a cache at ROOT/<dataset id>, and Minari ids hold a "/".
+    rel = Path(DATASET_ID if cache == "d4rl-cache" else MINARI_ID)
+    assert src.parts[-len(rel.parts) :] == rel.parts
+    small, back = root_small / rel, root_back / rel
     small.parent.mkdir(parents=True)
     back.parent.mkdir(parents=True)
     before = _leaves(src)

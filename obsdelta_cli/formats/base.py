@@ -271,6 +271,17 @@ def folder_hashes(folder: Path) -> dict[str, str]:
     return out
 
 
+class FolderFormat(Format):
+    """A container that is a folder of files: besides its leaves, every file it holds
+    (``meta.json`` files, metadata of other tools, extra files) is hashed whole."""
+
+    def object_hashes(self, opened: Source | Sink, skip: Callable[[str], bool]) -> dict[str, str]:
+        path = opened.path
+        if path is None or not path.is_dir():
+            return {}
+        return {k: v for k, v in folder_hashes(path).items() if not skip(k)}
+
+
 def disk_size(path: Path) -> int:
     """Bytes on disk of a file, or of every file below a directory.
 

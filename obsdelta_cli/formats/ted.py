@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .base import ArrayStore, Format, Key, Plan, Sink, Source, folder_hashes
+from .base import ArrayStore, Format, Key, Plan, Sink, Source
 from .leaf import FileLeaf
 
 if TYPE_CHECKING:  # tensordict costs seconds to import; HDF5 work never needs it
@@ -56,13 +55,6 @@ def _placeholder(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 class TensorDictFormat(Format):
     """A container holding one TensorDict: the output is built from a template TensorDict."""
-
-    def object_hashes(self, opened: Source | Sink, skip: Callable[[str], bool]) -> dict[str, str]:
-        # Folders: every file besides the leaves; a .pt is all leaves.
-        path = opened.path
-        if path is None or not path.is_dir():
-            return {}
-        return {k: v for k, v in folder_hashes(path).items() if not skip(k)}
 
     def source(
         self, path: Path, td: TensorDictBase, meta: dict[str, Any] | None, **extra: Any

@@ -3,9 +3,10 @@
 ``storage/`` is a tensordict memmap tree of the whole preallocated storage, and
 ``storage/storage_metadata.json`` says how many rows (``len``) hold data. Rows past ``len`` are
 not data: their deltas are stored as zero, so their next observations come back equal to their
-observations. Everything else in the dump (writer, sampler, RNG
-state, buffer metadata) is copied unchanged. The obsdelta metadata is ``obsdelta.json`` and the
-exception rows ``obsdelta.arrays/``, both at the dump's root.
+observations. Everything else in the dump (writer, sampler, RNG state, buffer metadata) is copied
+byte for byte; ``storage/`` is read and written with plain file I/O (:mod:`.memmap_tree`). The
+obsdelta metadata is ``obsdelta.json``, the exception rows ``obsdelta.arrays/`` and the original
+``meta.json`` bytes ``obsdelta.meta/``, all at the dump's root.
 """
 
 from __future__ import annotations
@@ -13,21 +14,27 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import InputError
-from .base import ARRAYS_DIR, SIDECAR, ArrayStore, Sink, Source, read_sidecar, write_sidecar
-from .ted import TensorDictFormat
-from .ted_memmap import is_memmap_dir, load_memmap_dir
-
-if TYPE_CHECKING:  # tensordict costs seconds to import; HDF5 work never needs it
-    from tensordict import TensorDictBase
+from .base import (
+    ARRAYS_DIR,
+    ArrayStore,
+    FolderFormat,
+    Plan,
+    Sink,
+    Source,
+    read_sidecar,
+    write_sidecar,
+)
+from .memmap_tree import OWN, read_tree, write_tree
+from .ted_memmap import is_memmap_dir
 
 STORAGE = "storage"
 STORAGE_META = "storage_metadata.json"
 
 
-class TorchRLReplayBuffer(TensorDictFormat):
+class TorchRLReplayBuffer(FolderFormat):
     name = "torchrl-rb"
     summary = "TorchRL ReplayBuffer.dumps() directory (storage/ memmap + storage_metadata.json)"
 
@@ -45,25 +52,31 @@ class TorchRLReplayBuffer(TensorDictFormat):
                 file=meta_file,
                 hint="the dump is damaged",
             ) from None
-        td = load_memmap_dir(path / STORAGE)
-        if td.batch_dims == 0 or not 0 <= length <= td.shape[0]:
+        tree = read_tree(path / STORAGE)
+        rows = tree.levels[()].fields.get("shape") or []
+        if tree.batch_dims == 0 or not 0 <= length <= rows[0]:
             raise InputError(
-                f"len {length} does not fit a storage of shape {list(td.shape)}",
+                f"len {length} does not fit a storage of shape {list(rows)}",
                 file=meta_file,
                 hint="the dump is damaged",
             )
-        meta = read_sidecar(path)
-        arrays = ArrayStore(path / ARRAYS_DIR)
-        return self.source(path, td, meta, valid_rows=length, arrays=arrays)
+        return Source(
+            path=path,
+            leaves=dict(tree.leaves),
+            batch_dims=tree.batch_dims,
+            meta=read_sidecar(path),
+            valid_rows=length,
+            arrays=ArrayStore(path / ARRAYS_DIR),
+            handle=tree,
+        )
 
-    def materialise(
-        self, path: Path, template: TensorDictBase, source: Source
-    ) -> tuple[TensorDictBase, ArrayStore]:
-        ignore = shutil.ignore_patterns(STORAGE, SIDECAR, ARRAYS_DIR)
-        shutil.copytree(source.path, path, ignore=ignore)
-        out = template.memmap_like(path / STORAGE)
-        shutil.copy2(source.path / STORAGE / STORAGE_META, path / STORAGE / STORAGE_META)
-        return out, ArrayStore(path / ARRAYS_DIR)
+    def create(self, path: Path, source: Source, plan: Plan) -> Sink:
+        ignore = shutil.ignore_patterns(STORAGE, *OWN)
+        shutil.copytree(source.path, path, ignore=ignore, symlinks=True)
+        restore = source.meta is not None
+        own_root = source.path if restore else path
+        leaves = write_tree(source.handle, path / STORAGE, plan, own_root=own_root, restore=restore)
+        return Sink(leaves, ArrayStore(path / ARRAYS_DIR), handle=leaves)
 
     def finish(self, path: Path, sink: Sink, meta: dict[str, Any] | None) -> None:
         write_sidecar(path, meta)
