@@ -1,0 +1,220 @@
+"""HDF5 datasets as leaves: lazy numeric datasets, obsdelta's opaque arrays, and the store of
+exception rows."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+
+from ..errors import InputError
+from .base import ArrayStore, Key
+from .leaf import FlatRows, LazyLeaf
+
+MAGIC = b"\x89HDF\r\n\x1a\n"
+META_ATTR = "obsdelta"
+OWN = "obsdelta"
+#: Attribute marking a uint16 dataset that holds bfloat16 bits (numpy has no bfloat16).
+BF16_ATTR = "obsdelta_dtype"
+#: Attribute of obsdelta's opaque arrays: the torch dtype of their values.
+ARRAY_DTYPE = "obsdelta_dtype"
+
+
+def torch_dtype(dtype: np.dtype) -> torch.dtype | None:
+    """The torch dtype of a numeric numpy dtype, ``None`` for strings, compounds and the like."""
+    if dtype.kind not in "biuf" or dtype.byteorder == ">":
+        return None
+    try:
+        return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+    except TypeError:
+        return None
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    if dtype == torch.bfloat16:
+        return np.dtype(np.uint16)
+    return torch.empty(0, dtype=dtype).numpy().dtype
+
+
+class H5Leaf(LazyLeaf):
+    """An h5py dataset read and written by row slices."""
+
+    def __init__(self, ds: h5py.Dataset, file: Path) -> None:
+        self.ds = ds
+        self.file = file
+        self.shape = tuple(ds.shape)
+        self.bf16 = ds.attrs.get(BF16_ATTR) == "bfloat16"
+        dtype = torch.bfloat16 if self.bf16 else torch_dtype(ds.dtype)
+        assert dtype is not None
+        self.dtype = dtype
+        chunks = ds.chunks
+        #: Rows per HDF5 chunk along the first dimension: reads aligned to it touch each chunk once.
+        self.chunk_rows = chunks[0] if chunks else 1
+        self._mapped: torch.Tensor | bool | None = None
+
+    def storage_bytes(self) -> int:
+        """Bytes the dataset takes in the file, after its filters."""
+        return int(self.ds.id.get_storage_size())
+
+    def read(self, start: int, stop: int) -> torch.Tensor:
+        try:
+            array = self.ds[start:stop]
+        except (OSError, ValueError) as exc:
+            raise InputError(
+                f"cannot read rows {start}:{stop} ({exc})",
+                file=self.file,
+                key=self.ds.name.lstrip("/"),
+                hint="the file is damaged",
+            ) from None
+        t = torch.from_numpy(np.ascontiguousarray(array))
+        return t.view(torch.bfloat16) if self.bf16 else t
+
+    def mapped(self) -> torch.Tensor | None:
+        """A contiguous, unfiltered dataset mapped read-only (copy on write) from the file, for
+        random access at memory speed; ``None`` for chunked or filtered ones."""
+        if self._mapped is None:
+            self._mapped = False
+            dcpl = self.ds.id.get_create_plist()
+            offset = self.ds.id.get_offset()
+            dtype = self.ds.dtype
+            nbytes = math.prod(self.shape) * dtype.itemsize
+            if (
+                dcpl.get_layout() == h5py.h5d.CONTIGUOUS
+                and offset is not None
+                and nbytes
+                and dtype.byteorder in "=<|"
+                and offset + nbytes <= self.file.stat().st_size
+            ):
+                array = np.memmap(self.file, dtype, mode="c", offset=offset, shape=self.shape)
+                t = torch.from_numpy(array)
+                self._mapped = t.view(torch.bfloat16) if self.bf16 else t
+        return self._mapped if isinstance(self._mapped, torch.Tensor) else None
+
+    def select(self, rows: np.ndarray) -> torch.Tensor:
+        """Rows ``rows`` (sorted, distinct) in one read."""
+        try:
+            array = self.ds[rows]
+        except (OSError, ValueError) as exc:
+            raise InputError(
+                f"cannot read {len(rows)} rows ({exc})",
+                file=self.file,
+                key=self.ds.name.lstrip("/"),
+                hint="the file is damaged",
+            ) from None
+        t = torch.from_numpy(np.ascontiguousarray(array))
+        return t.view(torch.bfloat16) if self.bf16 else t
+
+    def write(self, start: int, value: torch.Tensor) -> None:
+        if self.bf16:
+            value = value.view(torch.int16)
+        array = value.contiguous().numpy()
+        self.ds[start : start + len(array)] = array.view(self.ds.dtype)
+
+
+class OpaqueLeaf(LazyLeaf):
+    """obsdelta's own array rows in an opaque dataset, one element per row.
+
+    HDF5 readers (tensordict's ``PersistentTensorDict`` among them) treat opaque data as
+    non-tensor, so these arrays never get in the way of a batch size. The dtype and the
+    feature shape are attributes.
+    """
+
+    def __init__(self, ds: h5py.Dataset, file: Path, dtype: torch.dtype, features: tuple[int, ...]):
+        self.ds = ds
+        self.file = file
+        self.dtype = dtype
+        self.shape = (ds.shape[0], *features)
+        self.chunk_rows = ds.chunks[0] if ds.chunks else 1
+
+    def read(self, start: int, stop: int) -> torch.Tensor:
+        try:
+            array = self.ds[start:stop]
+        except (OSError, ValueError) as exc:
+            raise InputError(
+                f"cannot read rows {start}:{stop} ({exc})",
+                file=self.file,
+                key=self.ds.name.lstrip("/"),
+                hint="the file is damaged",
+            ) from None
+        raw = torch.from_numpy(np.ascontiguousarray(array).view(np.uint8).reshape(-1))
+        return raw.view(self.dtype).reshape(-1, *self.shape[1:])
+
+    def write(self, start: int, value: torch.Tensor) -> None:
+        raw = value.contiguous().reshape(len(value), -1).view(torch.uint8).numpy()
+        self.ds[start : start + len(value)] = raw.view(self.ds.dtype).reshape(-1)
+
+
+def leaves_of(f: h5py.File, file: Path) -> dict[Key, Any]:
+    """Numeric datasets (not obsdelta's own arrays and layouts), keyed by their path."""
+    out: dict[Key, Any] = {}
+
+    def visit(name: str, obj: Any) -> None:
+        if not isinstance(obj, h5py.Dataset):
+            return
+        parts = tuple(name.split("/"))
+        if parts[:2] in ((OWN, "arrays"), (OWN, "layout")):
+            return
+        if obj.ndim and (torch_dtype(obj.dtype) is not None or obj.attrs.get(BF16_ATTR)):
+            out[parts] = H5Leaf(obj, file)
+
+    f.visititems(visit)
+    return out
+
+
+class H5Arrays(ArrayStore):
+    """Exception rows in resizable datasets under ``/obsdelta/arrays``."""
+
+    def __init__(self, f: h5py.File, file: Path, kwargs: dict[str, Any] | None = None) -> None:
+        self.f = f
+        self.file = file
+        self.kwargs = kwargs or {}
+
+    def append(self, name: str, rows: torch.Tensor) -> None:
+        group = self.f.require_group(f"{OWN}/arrays")
+        features = tuple(rows.shape[1:])
+        row_bytes = max(1, math.prod(features) * rows.element_size())
+        if name not in group:
+            # Exceptions are usually few: small chunks keep a handful of rows small on disk.
+            chunk_rows = max(1, min(256, (1 << 14) // row_bytes))
+            ds = group.create_dataset(
+                name,
+                shape=(0,),
+                maxshape=(None,),
+                dtype=h5py.opaque_dtype(np.dtype(f"V{row_bytes}")),
+                chunks=(chunk_rows,),
+                track_times=False,
+                **self.kwargs,
+            )
+            ds.attrs[ARRAY_DTYPE] = str(rows.dtype).removeprefix("torch.")
+        ds = group[name]
+        n = ds.shape[0]
+        ds.resize(n + len(rows), axis=0)
+        OpaqueLeaf(ds, self.file, rows.dtype, features).write(n, rows)
+
+    def storage_bytes(self, name: str) -> int | None:
+        ds = self.f.get(f"{OWN}/arrays/{name}")
+        return None if ds is None else int(ds.id.get_storage_size())
+
+    def get(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> Any:
+        ds = self.f.get(f"{OWN}/arrays/{name}")
+        if isinstance(ds, h5py.Dataset) and h5py.check_opaque_dtype(ds.dtype):
+            features = tuple(shape[1:])
+            stored = str(ds.attrs.get(ARRAY_DTYPE, ""))
+            row_bytes = max(1, math.prod(features) * dtype.itemsize)
+            if (
+                ds.shape == (shape[0],)
+                and stored == str(dtype).removeprefix("torch.")
+                and ds.dtype.itemsize == row_bytes
+            ):
+                return FlatRows(OpaqueLeaf(ds, self.file, dtype, features), 1)
+        elif isinstance(ds, h5py.Dataset) and tuple(ds.shape) == tuple(shape):
+            return FlatRows(H5Leaf(ds, self.file), 1)  # format 1: numeric arrays
+        raise InputError(
+            f"array {name} is missing or not of shape {list(shape)} {dtype}",
+            file=self.file,
+            hint="the compressed file is damaged",
+        )

@@ -1,0 +1,69 @@
+"""The manifest of an HDF5 file: the JSON root attribute, or a compressed opaque dataset."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from ..errors import InputError
+from .hdf5_leaves import META_ATTR, OWN
+
+#: A manifest longer than this is stored zlib-compressed in the dataset ``/obsdelta/manifest``
+#: (one record per robomimic demo and key adds up), the root attribute then naming it: an HDF5
+#: attribute holds at most 64 KB.
+PLAIN_META_BYTES = 1 << 15
+MANIFEST = f"{OWN}/manifest"
+#: Largest manifest read back: far beyond any obsdelta writes, so a crafted file cannot make
+#: reading it take more memory than this.
+MAX_META_BYTES = 1 << 28
+
+
+def write_meta(out: h5py.File, meta: dict[str, Any]) -> None:
+    """Store the manifest: as the JSON root attribute, or when long, zlib-compressed in an
+    opaque dataset (non-tensor data to HDF5 readers) that the attribute names."""
+    text = json.dumps(meta)
+    if len(text) <= PLAIN_META_BYTES:
+        out.attrs[META_ATTR] = text
+        return
+    packed = np.frombuffer(zlib.compress(text.encode(), 6), dtype=np.uint8)
+    ds = out.create_dataset(
+        MANIFEST, shape=packed.shape, dtype=h5py.opaque_dtype(np.dtype("V1")), track_times=False
+    )
+    ds[...] = packed.view(ds.dtype)
+    out.attrs[META_ATTR] = json.dumps({"manifest": MANIFEST})
+
+
+def read_meta(f: h5py.File, file: Path) -> dict[str, Any] | None:
+    raw = f.attrs.get(META_ATTR)
+    if raw is None:
+        return None
+    try:
+        meta = json.loads(raw)
+        if isinstance(meta, dict) and set(meta) == {"manifest"}:
+            meta = json.loads(_packed_manifest(f, file))
+    except (TypeError, ValueError, KeyError, OSError, zlib.error):
+        raise InputError(
+            "the obsdelta metadata is not readable JSON", file=file, hint="damaged file"
+        ) from None
+    if not isinstance(meta, dict):
+        raise InputError("the obsdelta attribute is not a JSON object", file=file)
+    return meta
+
+
+def _packed_manifest(f: h5py.File, file: Path) -> bytes:
+    """The zlib-compressed manifest of ``/obsdelta/manifest``, its size checked first."""
+    ds = f.get(MANIFEST)
+    if not isinstance(ds, h5py.Dataset) or ds.ndim != 1 or ds.dtype.itemsize != 1:
+        raise ValueError("no manifest dataset")
+    if ds.shape[0] > min(MAX_META_BYTES, file.stat().st_size):
+        raise ValueError("manifest dataset larger than the file")
+    inflater = zlib.decompressobj()
+    text = inflater.decompress(ds[()].tobytes(), MAX_META_BYTES)
+    if inflater.unconsumed_tail:
+        raise ValueError("manifest too long")
+    return text

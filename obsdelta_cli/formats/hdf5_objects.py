@@ -1,0 +1,108 @@
+"""Hashes of HDF5 objects as stored, and the bytes their headers take."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import xxhash
+
+from .hdf5_leaves import META_ATTR, OWN
+
+
+def hash_objects(f: h5py.File, file: Path, skip: Callable[[str], bool]) -> dict[str, str]:
+    """xxh3-64 of every dataset as stored (creation properties and raw chunks, never
+    decompressed) and of every object's attributes, for the objects ``skip`` keeps."""
+    out = {"@": attrs_hash(f, exclude=META_ATTR)}
+    fd = os.open(file, os.O_RDONLY)
+    try:
+
+        def visit(name: str, obj: Any) -> None:
+            if name == OWN or name.startswith(f"{OWN}/") or skip(name):
+                return
+            if isinstance(obj, h5py.Dataset):
+                out[name] = _raw_hash(obj, fd)
+            if len(obj.attrs):  # an attribute added to an object without any is still caught
+                out[f"@{name}"] = attrs_hash(obj)
+
+        f.visititems(visit)
+    finally:
+        os.close(fd)
+    return out
+
+
+def attrs_hash(obj: Any, exclude: str | None = None) -> str:
+    h = xxhash.xxh3_64()
+    for name in sorted(obj.attrs):
+        if name == exclude:
+            continue
+        value = np.asarray(obj.attrs[name])
+        h.update(f"{name}\0{value.dtype.str}\0{value.shape}\0".encode())
+        h.update(obj.attrs.get_id(name).get_type().encode())  # how the stored bytes read
+        h.update(repr(value.tolist()).encode() if value.dtype.kind == "O" else value.tobytes())
+    return h.hexdigest()
+
+
+def _raw_hash(ds: h5py.Dataset, fd: int) -> str:
+    """A dataset as stored: dtype, shape, creation properties, then its raw chunks in chunk
+    order (each with its position and filter mask) or its contiguous bytes."""
+    h = xxhash.xxh3_64()
+    props = (ds.dtype.str, ds.shape, ds.maxshape, ds.chunks, ds.compression, ds.compression_opts)
+    h.update(repr((props, ds.shuffle, ds.fletcher32, ds.scaleoffset)).encode())
+    dsid, dcpl = ds.id, ds.id.get_create_plist()
+    # The stored type in full (byte order, bit layout), not only what numpy makes of it.
+    h.update(dsid.get_type().encode())
+    h.update(dsid.get_space().encode())
+    h.update(repr([dcpl.get_filter(i) for i in range(dcpl.get_nfilters())]).encode())
+    fill = np.zeros(1, dtype=ds.dtype)
+    if dcpl.fill_value_defined() == h5py.h5d.FILL_VALUE_USER_DEFINED:
+        dcpl.get_fill_value(fill)
+    h.update(fill.tobytes())
+    layout = dcpl.get_layout()
+    if layout == h5py.h5d.CHUNKED:
+        # Every chunk of the grid, found through the chunk index as a read would find it.
+        grid = [range(0, n, c) for n, c in zip(ds.shape, ds.chunks or (), strict=True)]
+        cells = math.prod(len(r) for r in grid)
+        if cells > 4 * dsid.get_num_chunks() + 1024:
+            raise ValueError(f"{ds.name}: {cells} chunk places for {dsid.get_num_chunks()} chunks")
+        for offset in itertools.product(*grid):
+            try:
+                mask, raw = dsid.read_direct_chunk(offset)
+            except (KeyError, OSError, RuntimeError, ValueError):
+                h.update(f"{offset}: none".encode())
+                continue
+            h.update(f"{offset}: {mask} {len(raw)}".encode())
+            h.update(raw)
+    elif layout == h5py.h5d.CONTIGUOUS:
+        offset = dsid.get_offset()
+        if offset is not None:
+            _hash_span(h, fd, offset, dsid.get_storage_size())
+    else:  # compact: the values live in the object header
+        h.update(np.ascontiguousarray(ds[()]).tobytes())
+    return h.hexdigest()
+
+
+def _hash_span(h: Any, fd: int, offset: int, size: int) -> None:
+    """Feed ``size`` bytes of the file at ``offset`` to ``h``, 4 MiB at a time."""
+    done = 0
+    while done < size:
+        piece = os.pread(fd, min(1 << 22, size - done), offset + done)
+        if not piece:
+            raise ValueError(f"storage at {offset} runs past the end of the file")
+        h.update(piece)
+        done += len(piece)
+
+
+def header_bytes(obj: Any, *, group: bool) -> int:
+    """An object's header, and for a group its link index and name heap."""
+    info = h5py.h5o.get_info(obj.id)
+    total = int(info.hdr.space.total)
+    if group:
+        total += int(info.meta_size.obj.index_size + info.meta_size.obj.heap_size)
+    return total
