@@ -40,6 +40,19 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype:
     return torch.empty(0, dtype=dtype).numpy().dtype
 
 
+def read_rows(ds: h5py.Dataset, rows: Any, file: Path, what: str) -> np.ndarray:
+    """``ds[rows]`` as a contiguous array; a failed read is one :class:`InputError`."""
+    try:
+        return np.ascontiguousarray(ds[rows])
+    except (OSError, ValueError) as exc:
+        raise InputError(
+            f"cannot read {what} ({exc})",
+            file=file,
+            key=ds.name.lstrip("/"),
+            hint="the file is damaged",
+        ) from None
+
+
 class H5Leaf(LazyLeaf):
     """An h5py dataset read and written by row slices."""
 
@@ -61,16 +74,8 @@ class H5Leaf(LazyLeaf):
         return int(self.ds.id.get_storage_size())
 
     def read(self, start: int, stop: int) -> torch.Tensor:
-        try:
-            array = self.ds[start:stop]
-        except (OSError, ValueError) as exc:
-            raise InputError(
-                f"cannot read rows {start}:{stop} ({exc})",
-                file=self.file,
-                key=self.ds.name.lstrip("/"),
-                hint="the file is damaged",
-            ) from None
-        t = torch.from_numpy(np.ascontiguousarray(array))
+        array = read_rows(self.ds, slice(start, stop), self.file, f"rows {start}:{stop}")
+        t = torch.from_numpy(array)
         return t.view(torch.bfloat16) if self.bf16 else t
 
     def mapped(self) -> torch.Tensor | None:
@@ -96,16 +101,7 @@ class H5Leaf(LazyLeaf):
 
     def select(self, rows: np.ndarray) -> torch.Tensor:
         """Rows ``rows`` (sorted, distinct) in one read."""
-        try:
-            array = self.ds[rows]
-        except (OSError, ValueError) as exc:
-            raise InputError(
-                f"cannot read {len(rows)} rows ({exc})",
-                file=self.file,
-                key=self.ds.name.lstrip("/"),
-                hint="the file is damaged",
-            ) from None
-        t = torch.from_numpy(np.ascontiguousarray(array))
+        t = torch.from_numpy(read_rows(self.ds, rows, self.file, f"{len(rows)} rows"))
         return t.view(torch.bfloat16) if self.bf16 else t
 
     def write(self, start: int, value: torch.Tensor) -> None:
@@ -131,16 +127,8 @@ class OpaqueLeaf(LazyLeaf):
         self.chunk_rows = ds.chunks[0] if ds.chunks else 1
 
     def read(self, start: int, stop: int) -> torch.Tensor:
-        try:
-            array = self.ds[start:stop]
-        except (OSError, ValueError) as exc:
-            raise InputError(
-                f"cannot read rows {start}:{stop} ({exc})",
-                file=self.file,
-                key=self.ds.name.lstrip("/"),
-                hint="the file is damaged",
-            ) from None
-        raw = torch.from_numpy(np.ascontiguousarray(array).view(np.uint8).reshape(-1))
+        array = read_rows(self.ds, slice(start, stop), self.file, f"rows {start}:{stop}")
+        raw = torch.from_numpy(array.view(np.uint8).reshape(-1))
         return raw.view(self.dtype).reshape(-1, *self.shape[1:])
 
     def write(self, start: int, value: torch.Tensor) -> None:
