@@ -9,8 +9,11 @@ slice runs in CI; ``-m slow`` runs more than 1,000 flips.
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
@@ -21,6 +24,7 @@ from tensordict import TensorDictBase
 
 from obsdelta_cli import compress, inflate, verify
 from obsdelta_cli.errors import ObsdeltaError
+from obsdelta_cli.manifest import content_hash
 
 from .writers import WRITERS
 
@@ -143,3 +147,51 @@ def test_many_bit_flips_are_caught(
 ) -> None:
     tally = run_flips(kind, codec, hopper, tmp_path, flips=90)  # 12 x 90 = 1,080 flips
     _check(tally)
+
+
+def _peak_rss_kb(*args: str) -> tuple[int, int]:
+    """Exit code and peak RSS (KB) of an obsdelta command run in a fresh process."""
+    code = (
+        "import resource, subprocess, sys; "
+        f"r = subprocess.run([sys.executable, '-m', 'obsdelta_cli', *{list(args)!r}], "
+        "capture_output=True); "
+        "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    rc, kb = out.stdout.split()
+    return int(rc), int(kb)
+
+
+@pytest.mark.parametrize("kind", ["ted-memmap", "d4rl-hdf5"])
+def test_tampered_file_takes_no_more_memory(
+    kind: str, hopper: TensorDictBase, tmp_path: Path
+) -> None:
+    """A file claiming far more rows than it holds is refused before anything is allocated:
+    peak memory stays within the untampered run's plus twice the file's size."""
+    src = WRITERS[kind](hopper, tmp_path / "in")
+    small = tmp_path / f"small{src.suffix}"
+    compress(src, small, codec="fp16", max_abs_error=1e-4)  # exception rows too
+    rc, sound = _peak_rss_kb("verify", str(small))
+    assert rc == 0
+    size_kb = sum(f.stat().st_size for f in _files(small)) // 1024
+    tampered = tmp_path / f"tampered{src.suffix}"
+    (shutil.copytree if small.is_dir() else shutil.copy)(small, tampered)
+    claims = {"rows": 2**40, "exception_rows": 2**33, "exact_rows": 2**40}
+    if tampered.is_dir():
+        meta = json.loads((tampered / "obsdelta.json").read_text())
+        meta["keys"][0].update(claims)
+        meta["manifest_hash"] = content_hash(
+            {k: v for k, v in meta.items() if k != "manifest_hash"}
+        )
+        (tampered / "obsdelta.json").write_text(json.dumps(meta))
+    else:
+        with h5py.File(tampered, "r+") as f:
+            meta = json.loads(f.attrs["obsdelta"])
+            meta["keys"][0].update(claims)
+            body = {k: v for k, v in meta.items() if k != "manifest_hash"}
+            meta["manifest_hash"] = content_hash(body)
+            f.attrs["obsdelta"] = json.dumps(meta)
+    for command in ("verify", "report"):
+        rc, peak = _peak_rss_kb(command, str(tampered))
+        assert rc == 1
+        assert peak <= sound + 2 * size_kb, (command, peak, sound, size_kb)
