@@ -266,6 +266,7 @@ def blocks(pool: Pool, rows: int, seed: int | None) -> Iterator[Columns]:
 
 def row_bytes(layout: str) -> int:
     """Bytes one row takes in ``layout``."""
+
     def nbytes(dtype: str, shape: tuple[int, ...]) -> int:
         return np.dtype(dtype).itemsize * math.prod(shape)
 

@@ -85,7 +85,10 @@ def rows_per_second(read: Reader, batches: list[torch.Tensor]) -> float:
 def bc_seconds(read: Reader, batches: list[torch.Tensor]) -> float:
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(11, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(),
+        torch.nn.Linear(11, 256),
+        torch.nn.ReLU(),
+        torch.nn.Linear(256, 256),
+        torch.nn.ReLU(),
         torch.nn.Linear(256, 3),
     )
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)

@@ -225,12 +225,12 @@ def layout_checks(
         keep=False,
     )
     checks = [
-        ratio_check(f"{item.label}: compress --codec {codec} vs zstd -1", compress[codec], zstd, 1.0)
+        ratio_check(
+            f"{item.label}: compress --codec {codec} vs zstd -1", compress[codec], zstd, 1.0
+        )
         for codec in ("exact", "fp16")
     ]
-    checks.append(
-        ratio_check(f"{item.label}: inflate (exact) vs zstd -d", inflate, unzstd, 0.8)
-    )
+    checks.append(ratio_check(f"{item.label}: inflate (exact) vs zstd -d", inflate, unzstd, 0.8))
     checks += [rss_check(t) for t in (compress["exact"], compress["fp16"], inflate)]
     checks += read_checks(item, packed["exact"], args)
     remove(zst)
@@ -327,7 +327,9 @@ def startup_checks(bench: Bench, root: Path) -> tuple[list[dict[str, Any]], list
     ], [small]
 
 
-def jobs_checks(bench: Bench, root: Path, size_gb: float) -> tuple[list[dict[str, Any]], list[BenchInput]]:
+def jobs_checks(
+    bench: Bench, root: Path, size_gb: float
+) -> tuple[list[dict[str, Any]], list[BenchInput]]:
     """``compress --jobs 2`` vs ``--jobs 1`` of 8 D4RL inputs of size/8, cold."""
     each = size_gb / JOBS_INPUTS
     items = [
@@ -342,8 +344,12 @@ def jobs_checks(bench: Bench, root: Path, size_gb: float) -> tuple[list[dict[str
         argv = [*bench.obsdelta, "compress", *(str(i.path) for i in items), "-o", f"{out}/"]
         argv += ["--codec", "exact", "--jobs", str(jobs), "--json"]
         timings[jobs] = bench.time(
-            label, f"obsdelta compress --jobs {jobs} ({JOBS_INPUTS} files)", argv,
-            [i.path for i in items], out, keep=False,
+            label,
+            f"obsdelta compress --jobs {jobs} ({JOBS_INPUTS} files)",
+            argv,
+            [i.path for i in items],
+            out,
+            keep=False,
         )
     for timing in timings.values():
         timing.input = f"{JOBS_INPUTS} D4RL HDF5 files of {each:g} GB"
@@ -418,7 +424,9 @@ def main(argv: list[str] | None = None) -> None:
         real = ensure_input(root, reference, 1.0, None, f"{reference}-real")
         inputs.append(real)
         command = ["bash", "-c", ZSTD_TAR if real.path.is_dir() else ZSTD, "zstd"]
-        command += [str(real.path.parent), real.path.name] if real.path.is_dir() else [str(real.path)]
+        command += (
+            [str(real.path.parent), real.path.name] if real.path.is_dir() else [str(real.path)]
+        )
         ratio = bench.time(
             real,
             "zstd -1 -T1 + sync (reference)",
@@ -450,10 +458,10 @@ def main(argv: list[str] | None = None) -> None:
         else "cold input: before each timed command, `sync`, then the files it reads are evicted "
         "with `posix_fadvise(POSIX_FADV_DONTNEED)`"
     ) + (
-        "; then a small obsdelta compress of each sample layout and `zstd -V` load the programs "
-        "and libraries again, so start-up is measured warm and only the input is cold. "
-        "Baselines end with `sync` (obsdelta fsyncs its own output). Training reads and "
-        "start-up are measured warm."
+        "; then `obsdelta --version`, one `python -c 'import torch, tensordict, h5py, ..., "
+        "obsdelta_cli...'` and `zstd -V` load the programs and libraries again, so start-up is "
+        "warm and only the input is cold. Baselines end with `&& sync`; obsdelta fsyncs its own "
+        "output. Start-up and training reads are measured warm."
     )
     records = []
     for item in inputs:
