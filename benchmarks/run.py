@@ -32,7 +32,7 @@ from measure import (
     run_timed,
     warm_up,
 )
-from source import PACKAGE, export_snapshot, obsdelta_argv, working_tree_revision
+from source import PACKAGE, export_snapshot, obsdelta_argv, package_state, working_tree_revision
 from tables import machine_info, render
 
 BENCH = Path(__file__).resolve().parent
@@ -406,6 +406,7 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if shutil.which("zstd") is None:
         raise SystemExit("zstd is needed: apt-get update && apt-get install -y zstd")
+    state = package_state()
     if args.snapshot is None:
         snapshot, source = None, working_tree_revision()
     else:
@@ -448,9 +449,10 @@ def main(argv: list[str] | None = None) -> None:
         more, jobs_items = jobs_checks(bench, root, size)
         checks += more
         inputs += jobs_items
-    end = working_tree_revision() if snapshot is None else source
-    if end != source:
-        source = f"changed during the run: {source} at the start, {end} at the end"
+    if snapshot is None and package_state() != state:
+        source = (
+            f"changed during the run: {source} at the start, {working_tree_revision()} at the end"
+        )
     cache_note = (
         "cold input: before each timed command, `sync`, then `echo 3 > /proc/sys/vm/drop_caches` "
         "(every clean page of the machine)"
