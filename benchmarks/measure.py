@@ -15,19 +15,11 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
 MB = 10**6
 KIB = 1024
 READ_BLOCK = 8 * 2**20
-
-
-class CacheMode(StrEnum):
-    """How the input sits in the page cache when a command starts."""
-
-    COLD = "cold"  # the input's pages are evicted (posix_fadvise DONTNEED) before each command
-    WARM = "warm"  # the input is read once before each command
 
 
 @dataclass(frozen=True)
@@ -87,22 +79,24 @@ def warm_up(path: Path) -> None:
                 pass
 
 
-def prepare_cache(path: Path, mode: CacheMode) -> None:
-    """Flush pending writes, then put the input in the page-cache state ``mode`` asks for."""
+DROP_CACHES = Path("/proc/sys/vm/drop_caches")
+
+
+def can_drop_caches() -> bool:
+    """Whether this process may write to /proc/sys/vm/drop_caches (root, writable /proc)."""
+    return os.access(DROP_CACHES, os.W_OK)
+
+
+def cold_cache(paths: list[Path], drop_all: bool) -> None:
+    """Flush pending writes, then evict ``paths`` from the page cache: with ``drop_all``,
+    every clean page of the machine (``echo 3 > /proc/sys/vm/drop_caches``); otherwise the
+    files of ``paths`` only (``posix_fadvise(POSIX_FADV_DONTNEED)``, no root needed)."""
     os.sync()
-    if mode is CacheMode.COLD:
-        evict(path)
+    if drop_all:
+        DROP_CACHES.write_text("3\n")
     else:
-        warm_up(path)
-
-
-def can_evict(path: Path) -> bool:
-    """Whether ``posix_fadvise`` eviction works on the filesystem holding ``path``."""
-    try:
-        evict(path)
-    except (OSError, AttributeError):
-        return False
-    return True
+        for path in paths:
+            evict(path)
 
 
 LAUNCHER = Path(__file__).resolve().with_name("launcher.py")

@@ -1,366 +1,365 @@
-"""Benchmark obsdelta on tiled real rollouts against cp, zstd, gzip and TorchRL's transform.
+"""Time obsdelta against zstd on non-repeating inputs, and check each figure against its target.
 
-    python benchmarks/run.py [--sizes 0.25,1] [--out benchmarks/out] [--quick]
-                             [--cache auto|cold|warm] [--repeat N] [--publish]
+    python benchmarks/run.py [--sizes 2] [--out benchmarks/out] [--repeat N]
+                             [--cache auto|drop|fadvise] [--snapshot [REV]] [--publish]
 
-Writes OUT/results.json and OUT/results.md; see benchmarks/README.md for what is measured.
+Writes OUT/results.json and OUT/results.md (with --publish also benchmarks/RESULTS.md); see
+benchmarks/README.md for what is measured and how.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shlex
 import shutil
 import statistics
+import subprocess
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from enum import StrEnum
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from inputs import D4RL, SAMPLE, BenchInput, iter_inputs
-from measure import CacheMode, Run, can_evict, dataset_bytes, prepare_cache, remove, run_timed
-from source import PACKAGE, export_snapshot, obsdelta_argv, working_tree_revision
+from inputs import D4RL, TED, BenchInput, ensure_input
+from measure import (
+    Run,
+    can_drop_caches,
+    cold_cache,
+    dataset_bytes,
+    remove,
+    run_timed,
+    warm_up,
+)
+from source import PACKAGE, export_snapshot, obsdelta_argv, package_state, working_tree_revision
 from tables import machine_info, render
 
 BENCH = Path(__file__).resolve().parent
-BASELINES = BENCH / "baselines.py"
 PYTHON = sys.executable
-DEFAULT_SIZES = [0.25, 1.0]
-QUICK_SIZES = [0.05]
-CODECS = ("fp16", "exact")
-OK, NOT_AVAILABLE = "ok", "not available"
 MB = 10**6
-ZSTD_TAR = 'set -o pipefail; tar -cf - -C "$1" "$2" | zstd -1 -q -o "$3"'
-WRITE_NOTE = (
-    "Outputs are written to the page cache: the timer stops when the command exits, before "
-    "write-back, except for what a command syncs itself."
+SEEDS = {TED: 1, D4RL: 2}  # one stream per layout; the --jobs inputs use 101..108
+JOBS_INPUTS = 8
+STARTUP_REPEAT = 5
+WARM_IMPORTS = (
+    "import torch, tensordict, h5py, numpy, xxhash, typer, rich, obsdelta_cli.cli, "
+    "obsdelta_cli.dataset, obsdelta_cli.commands.compress, obsdelta_cli.commands.inflate"
 )
-CACHE_NOTES = {
-    CacheMode.COLD: (
-        "cold input: before each command, pending writes are flushed (sync) and the files the "
-        "command reads are evicted from the page cache (posix_fadvise DONTNEED); programs and "
-        "libraries stay cached. " + WRITE_NOTE
-    ),
-    CacheMode.WARM: (
-        "warm input: before each command, pending writes are flushed (sync) and the files the "
-        "command reads are read once. " + WRITE_NOTE
-    ),
-}
-
-
-class Kind(StrEnum):
-    """What a step is, which decides how its result is read."""
-
-    COPY = "copy"
-    COMPRESSOR = "compressor"
-    OBSDELTA = "obsdelta"
-    TORCHRL = "torchrl"
-
-
-@dataclass(frozen=True)
-class Step:
-    """One command to time on one input."""
-
-    name: str
-    kind: Kind
-    argv: list[str] | None  # None: the tool is not available here
-    reads: Path  # the dataset the command reads, put in the cache state before each run
-    output: Path | None = None
-    keep: bool = False  # later steps read the output
-    note: str = ""
+RSS_LIMIT_MB = 512
+ZSTD = 'zstd -1 -T1 -q "$1" -o "$2" && sync'
+ZSTD_TAR = 'set -o pipefail; tar -cf - -C "$1" "$2" | zstd -1 -T1 -q -o "$3" && sync'
+UNZSTD = 'zstd -d -T1 -q "$1" -o "$2" && sync'
+UNZSTD_TAR = 'set -o pipefail; mkdir "$2" && zstd -d -T1 -q -c "$1" | tar -xf - -C "$2" && sync'
 
 
 @dataclass
-class Row:
-    """One line of the results table."""
+class Timing:
+    """One timed command (median of the repeats)."""
 
     input: str
-    step: str
-    kind: str
+    name: str
     command: str
     input_bytes: int
-    status: str = OK
+    status: str = "ok"
     seconds: float | None = None
-    seconds_all: list[float] = field(default_factory=list)
-    mb_per_s: float | None = None
-    ratio_vs_cp: float | None = None
+    seconds_all: list[float] | None = None
     peak_rss_mb: float | None = None
     peak_anon_mb: float | None = None
     output_bytes: int | None = None
     compression_ratio: float | None = None
-    max_abs_error: float | None = None
-    note: str = ""
+    stdout: str = ""
 
 
-@dataclass(frozen=True)
-class Details:
-    """What a step's own output says beyond time and memory."""
+class Bench:
+    """Runs commands in the chosen cache state and keeps every timing."""
 
-    compression_ratio: float | None = None
-    max_abs_error: float | None = None
-    note: str = ""
-    seconds: list[float] | None = None  # timings that replace the wall time
+    def __init__(self, obsdelta: list[str], drop_all: bool, repeat: int, scratch: Path) -> None:
+        self.obsdelta = obsdelta
+        self.drop_all = drop_all
+        self.repeat = repeat
+        self.scratch = scratch
+        self.timings: list[Timing] = []
+        self.inputs_zstd: dict[str, float | None] = {}  # input name -> zstd -1 ratio
+
+    def warm_programs(self) -> None:
+        """Load the programs and libraries the commands use (not their inputs) into the cache:
+        obsdelta's start-up and the modules its commands import, and the zstd and tar binaries."""
+        subprocess.run([*self.obsdelta, "--version"], capture_output=True, check=True)
+        subprocess.run([PYTHON, "-c", WARM_IMPORTS], check=False)
+        subprocess.run(["zstd", "-V"], capture_output=True, check=False)
+        subprocess.run(["tar", "--version"], capture_output=True, check=False)
+
+    def time(
+        self,
+        item: BenchInput,
+        name: str,
+        argv: list[str],
+        reads: list[Path],
+        output: Path | None,
+        cold: bool = True,
+        keep: bool = True,
+    ) -> Timing:
+        """Run ``argv`` ``repeat`` times with ``reads`` cold (or warm); median seconds."""
+        timing = Timing(item.label, name, shlex.join(argv), item.bytes)
+        runs: list[Run] = []
+        for _ in range(self.repeat):
+            if output is not None:
+                remove(output)
+            if cold:
+                cold_cache(reads, self.drop_all)
+                self.warm_programs()
+            else:
+                os.sync()
+                for path in reads:
+                    warm_up(path)
+            runs.append(run_timed(argv))
+            if runs[-1].returncode != 0:
+                timing.status = f"failed: {runs[-1].error_line}"
+                break
+        if timing.status == "ok":
+            timing.seconds_all = [run.seconds for run in runs]
+            timing.seconds = statistics.median(timing.seconds_all)
+            timing.peak_rss_mb = max(run.peak_rss_mb for run in runs)
+            timing.peak_anon_mb = max(run.peak_anon_mb for run in runs)
+            timing.stdout = runs[-1].stdout
+            if output is not None and output.exists():
+                timing.output_bytes = dataset_bytes(output)
+                timing.compression_ratio = item.bytes / timing.output_bytes
+        if output is not None and not keep:
+            remove(output)
+        print(
+            f"[{item.label}] {name}: "
+            + (f"{timing.seconds:.2f} s" if timing.seconds else timing.status),
+            file=sys.stderr,
+            flush=True,
+        )
+        self.timings.append(timing)
+        return timing
 
 
-@dataclass(frozen=True)
-class Tools:
-    obsdelta: list[str]  # how to start obsdelta
-    zstd: str | None
-    h5repack: str | None
-    zstandard: bool
+def check(
+    name: str,
+    obsdelta: str,
+    baseline: str,
+    value: float | None,
+    target: str,
+    ok: bool | None,
+    measured: str | None = None,
+) -> dict[str, Any]:
+    shown = measured or ("—" if value is None else f"{value:.2f}x")
+    return {
+        "name": name,
+        "obsdelta": obsdelta,
+        "baseline": baseline,
+        "value": value,
+        "measured": shown,
+        "target": target,
+        "ok": ok,
+    }
 
 
-def find_tools(snapshot: Path | None) -> Tools:
-    venv_bin = str(Path(PYTHON).parent)
-    installed = shutil.which("obsdelta", path=venv_bin) or shutil.which("obsdelta")
-    if installed is None:
-        raise SystemExit("obsdelta is not installed: pip install -e . first")
-    return Tools(
-        obsdelta=obsdelta_argv(installed, snapshot),
-        zstd=shutil.which("zstd"),
-        h5repack=shutil.which("h5repack"),
-        zstandard=importlib.util.find_spec("zstandard") is not None,
+def seconds(timing: Timing) -> str:
+    return "failed" if timing.seconds is None else f"{timing.seconds:.2f} s"
+
+
+def ratio_check(name: str, ours: Timing, theirs: Timing, floor: float) -> dict[str, Any]:
+    value = theirs.seconds / ours.seconds if ours.seconds and theirs.seconds else None
+    ok = None if value is None else value >= floor
+    return check(name, seconds(ours), seconds(theirs), value, f">= {floor}x", ok)
+
+
+def rss_check(timing: Timing) -> dict[str, Any]:
+    value = timing.peak_rss_mb
+    ok = None if value is None else value <= RSS_LIMIT_MB
+    shown = "—" if value is None else f"{value:,.0f} MB"
+    return check(
+        f"{timing.input}: peak RSS of {timing.name}",
+        shown,
+        "",
+        value,
+        f"<= {RSS_LIMIT_MB} MB",
+        ok,
+        shown,
     )
 
 
-def compressor(
-    name: str, argv: list[str] | None, src: Path, dst: Path, note: str = "", install: str = ""
-) -> Step:
-    """A lossless baseline; with no ``argv`` (tool missing), a row saying how to install it."""
-    if argv is None:
-        return Step(name, Kind.COMPRESSOR, None, src, note=f"to run it: {install}")
-    return Step(name, Kind.COMPRESSOR, argv, src, dst, note=note)
-
-
-def zstd_step(src: Path, dst: Path, tools: Tools) -> Step:
-    """zstd -1 of the input: a folder is piped through tar, as one would archive it."""
-    if tools.zstd and src.is_dir():
-        argv = ["bash", "-c", ZSTD_TAR, "zstd", str(src.parent), src.name, str(dst)]
-        return compressor("zstd -1", argv, src, dst, "tar | zstd, 1 thread")
-    if tools.zstd:
-        return compressor(
-            "zstd -1", [tools.zstd, "-1", "-q", str(src), "-o", str(dst)], src, dst, "1 thread"
-        )
-    if tools.zstandard:
-        argv = [PYTHON, str(BASELINES), "zstd", str(src), str(dst)]
-        return compressor("zstd -1", argv, src, dst, "python zstandard, 1 thread")
-    return compressor("zstd -1", None, src, dst, install="apt-get install -y zstd")
-
-
-def gzip_steps(src: Path, work: Path, tools: Tools) -> list[Step]:
-    """HDF5 rewrites with every dataset gzip level 1 (D4RL input only)."""
-    repacked, rewritten = work / "h5repack.hdf5", work / "h5py-gzip.hdf5"
-    repack = [tools.h5repack, "-f", "GZIP=1", str(src), str(repacked)] if tools.h5repack else None
-    rewrite = [PYTHON, str(BASELINES), "h5gzip", str(src), str(rewritten)]
-    return [
-        compressor(
-            "h5repack -f GZIP=1", repack, src, repacked, install="apt-get install -y hdf5-tools"
-        ),
-        compressor("h5py rewrite, gzip level 1", rewrite, src, rewritten, "streamed by rows"),
-    ]
-
-
-def obsdelta_steps(src: Path, work: Path, tools: Tools) -> list[Step]:
-    """compress and inflate with each codec, report, and TorchRL's rebuild of the fp16 file."""
-    suffix = src.suffix if src.is_file() else ""
-    packed = {codec: work / f"{codec}{suffix}" for codec in CODECS}
-
-    def obsdelta(*args: str | Path) -> list[str]:
-        return [*tools.obsdelta, *map(str, args), "--json"]
-
-    compress = [
-        Step(
-            f"obsdelta compress --codec {codec}",
-            Kind.OBSDELTA,
-            obsdelta("compress", src, "-o", path, "--codec", codec),
-            src,
-            path,
-            keep=True,
-        )
-        for codec, path in packed.items()
-    ]
-    inflate = [
-        Step(
-            f"obsdelta inflate ({codec} file)",
-            Kind.OBSDELTA,
-            obsdelta("inflate", path, "-o", work / f"{codec}-inflated{suffix}"),
-            path,
-            work / f"{codec}-inflated{suffix}",
-        )
-        for codec, path in packed.items()
-    ]
-    report = Step("obsdelta report", Kind.OBSDELTA, obsdelta("report", src), src)
-    torchrl = Step(
-        "TorchRL NextObservationDelta forward (fp16 file, in memory)",
-        Kind.TORCHRL,
-        [PYTHON, str(BASELINES), "torchrl", str(packed["fp16"]), str(src)],
-        packed["fp16"],
-    )
-    return [*compress, *inflate, report, torchrl]
-
-
-def plan(item: BenchInput, work: Path, tools: Tools) -> list[Step]:
-    """Every step for one input, baselines first; cp is the reference for the others."""
+def layout_checks(
+    bench: Bench, item: BenchInput, work: Path, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """compress (exact, fp16) and inflate vs zstd, cold; then training reads, warm."""
     src = item.path
-    copied = work / "cp"
-    copy = Step("cp -r (I/O floor)", Kind.COPY, ["cp", "-r", str(src), str(copied)], src, copied)
-    gzip = gzip_steps(src, work, tools) if item.layout == D4RL else []
-    zstd = zstd_step(src, work / "zstd.zst", tools)
-    return [copy, zstd, *gzip, *obsdelta_steps(src, work, tools)]
-
-
-def last_json(run: Run) -> dict[str, Any]:
-    return dict(json.loads(run.stdout.strip().splitlines()[-1]))
-
-
-def lossless_details(runs: list[Run], item: BenchInput, output_bytes: int | None) -> Details:
-    ratio = item.bytes / output_bytes if output_bytes else None
-    return Details(compression_ratio=ratio, max_abs_error=0.0)
-
-
-def obsdelta_details(runs: list[Run], item: BenchInput, output_bytes: int | None) -> Details:
-    doc = last_json(runs[-1])
-    keys = doc["keys"]
-    error = max((key["max_abs_error"] for key in keys), default=None)
-    exceptions = sum(key["exception_rows"] for key in keys)
-    note = f"{exceptions:,} exception rows" if exceptions else ""
-    if doc["command"] == "inflate":
-        return Details(max_abs_error=error, note=note)
-    if doc["command"] == "report":
-        note = "dry run of every codec; ratio and error of fp16"
-    return Details(doc["bytes_before"] / doc["bytes_after"], error, note)
-
-
-def torchrl_details(runs: list[Run], item: BenchInput, output_bytes: int | None) -> Details:
-    docs = [last_json(run) for run in runs]
-    seconds = [doc["forward_seconds"] for doc in docs]
-    median = statistics.median(seconds)
-    rows_per_s = docs[-1]["rows"] / median
-    rebuilt_mb_per_s = docs[-1]["rebuilt_bytes"] / median / MB
-    note = (
-        f"forward only: {rows_per_s / 1e6:,.1f} M rows/s, {rebuilt_mb_per_s:,.0f} MB/s of next "
-        "observations; RSS includes the data loaded"
+    folder = src.is_dir()
+    suffix = "" if folder else src.suffix
+    zst = work / "zstd.zst"
+    if folder:
+        zstd_argv = ["bash", "-c", ZSTD_TAR, "zstd", str(src.parent), src.name, str(zst)]
+    else:
+        zstd_argv = ["bash", "-c", ZSTD, "zstd", str(src), str(zst)]
+    zstd = bench.time(item, "zstd -1 -T1 + sync", zstd_argv, [src], zst)
+    item_zstd = zstd.compression_ratio
+    packed: dict[str, Path] = {}
+    compress: dict[str, Timing] = {}
+    for codec in ("exact", "fp16"):
+        packed[codec] = work / f"{codec}{suffix}"
+        argv = [*bench.obsdelta, "compress", str(src), "-o", str(packed[codec])]
+        compress[codec] = bench.time(
+            item,
+            f"obsdelta compress --codec {codec}",
+            [*argv, "--codec", codec, "--json"],
+            [src],
+            packed[codec],
+            keep=codec == "exact",
+        )
+    unzstd_out = work / f"unzstd{suffix}"
+    unzstd_argv = ["bash", "-c", UNZSTD_TAR if folder else UNZSTD, "unzstd", str(zst)]
+    unzstd = bench.time(
+        item, "zstd -d -T1 + sync", [*unzstd_argv, str(unzstd_out)], [zst], unzstd_out, keep=False
     )
-    return Details(max_abs_error=docs[-1]["max_abs_error"], note=note, seconds=seconds)
+    inflated = work / f"inflated{suffix}"
+    inflate = bench.time(
+        item,
+        "obsdelta inflate (exact file)",
+        [*bench.obsdelta, "inflate", str(packed["exact"]), "-o", str(inflated), "--json"],
+        [packed["exact"]],
+        inflated,
+        keep=False,
+    )
+    checks = [
+        ratio_check(
+            f"{item.label}: compress --codec {codec} vs zstd -1", compress[codec], zstd, 1.0
+        )
+        for codec in ("exact", "fp16")
+    ]
+    checks.append(ratio_check(f"{item.label}: inflate (exact) vs zstd -d", inflate, unzstd, 0.8))
+    checks += [rss_check(t) for t in (compress["exact"], compress["fp16"], inflate)]
+    checks += read_checks(item, packed["exact"], args)
+    remove(zst)
+    remove(packed["exact"])
+    bench.inputs_zstd[item.path.name] = item_zstd
+    return checks
 
 
-DETAILS: dict[Kind, Callable[[list[Run], BenchInput, int | None], Details]] = {
-    Kind.COPY: lossless_details,
-    Kind.COMPRESSOR: lossless_details,
-    Kind.OBSDELTA: obsdelta_details,
-    Kind.TORCHRL: torchrl_details,
-}
+def read_checks(item: BenchInput, packed: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Random batches and a BC loop, warm cache, compressed (exact) vs plain."""
+    if not packed.exists():
+        return [check(f"{item.label}: training reads", "", "", None, "", None, "no exact file")]
+    os.sync()
+    warm_up(item.path)
+    warm_up(packed)
+    argv = [
+        PYTHON,
+        str(BENCH / "reads.py"),
+        item.layout,
+        str(item.path),
+        str(packed),
+        "--batches",
+        str(args.batches),
+        "--bc-steps",
+        str(args.bc_steps),
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    print(f"[{item.label}] training reads: exit {done.returncode}", file=sys.stderr, flush=True)
+    if done.returncode != 0:
+        error = (done.stderr.strip().splitlines() or ["?"])[-1]
+        return [check(f"{item.label}: training reads", "", "", None, "", None, f"failed: {error}")]
+    doc = json.loads(done.stdout.strip().splitlines()[-1])
+    plain_name = "TensorDict.load_memmap" if item.layout == TED else "sorted h5py fancy reads"
+    floor = 0.5 if item.layout == TED else 1.0
+    ratio = doc["packed_rows_per_s"] / doc["plain_rows_per_s"]
+    bc = doc["packed_bc_seconds"] / doc["plain_bc_seconds"]
+    return [
+        check(
+            f"{item.label}: random batches of 256, open_dataset (exact file) vs {plain_name} "
+            "(rows/s ratio, warm)",
+            f"{doc['packed_rows_per_s']:,.0f} rows/s",
+            f"{doc['plain_rows_per_s']:,.0f} rows/s",
+            ratio,
+            f">= {floor}x",
+            ratio >= floor,
+        ),
+        check(
+            f"{item.label}: BC loop, {doc['bc_steps']} steps of 256, compressed / plain time",
+            f"{doc['packed_bc_seconds']:.2f} s",
+            f"{doc['plain_bc_seconds']:.2f} s",
+            bc,
+            "<= 1.1x",
+            bc <= 1.1,
+        ),
+    ]
 
 
-def execute(step: Step, mode: CacheMode, repeat: int) -> list[Run] | None:
-    """Run a step ``repeat`` times (stopping at a failure); None if its tool is missing."""
-    if step.argv is None:
-        return None
-    runs: list[Run] = []
-    for _ in range(repeat):
-        if step.output is not None:
-            remove(step.output)
-        prepare_cache(step.reads, mode)
-        runs.append(run_timed(step.argv))
-        if runs[-1].returncode != 0:
-            break
-    return runs
-
-
-def make_row(step: Step, item: BenchInput, runs: list[Run] | None) -> Row:
-    row = Row(item.label, step.name, step.kind, shlex.join(step.argv or []), item.bytes)
-    row.note = step.note
-    if runs is None:
-        row.status = NOT_AVAILABLE
-        return row
-    if runs[-1].returncode != 0:
-        row.status = f"failed: {runs[-1].error_line}"
-        return row
-    if step.output is not None and step.output.exists():
-        row.output_bytes = dataset_bytes(step.output)
-    try:
-        details = DETAILS[step.kind](runs, item, row.output_bytes)
-    except (ValueError, KeyError, IndexError) as exc:
-        row.status = f"failed: unreadable output ({exc!r})"
-        return row
-    row.seconds_all = details.seconds or [run.seconds for run in runs]
-    row.seconds = statistics.median(row.seconds_all)
-    row.mb_per_s = item.bytes / row.seconds / MB
-    row.peak_rss_mb = max(run.peak_rss_mb for run in runs)
-    row.peak_anon_mb = max(run.peak_anon_mb for run in runs)
-    row.compression_ratio = details.compression_ratio
-    row.max_abs_error = details.max_abs_error
-    row.note = "; ".join(text for text in (step.note, details.note) if text)
-    return row
-
-
-def add_ratio_vs_cp(rows: list[Row]) -> None:
-    copy = next((row for row in rows if row.kind == Kind.COPY and row.seconds), None)
-    for row in rows:
-        if copy is not None and copy.seconds and row.seconds:
-            row.ratio_vs_cp = copy.seconds / row.seconds
-
-
-def log(row: Row) -> None:
-    timing = f"{row.seconds:.2f} s" if row.seconds is not None else row.status
-    print(f"[{row.input}] {row.step}: {timing}", file=sys.stderr, flush=True)
-
-
-def bench_input(item: BenchInput, steps: list[Step], mode: CacheMode, repeat: int) -> list[Row]:
-    """Time every step on one input; outputs are deleted once no later step needs them."""
-    rows = []
-    for step in steps:
-        row = make_row(step, item, execute(step, mode, repeat))
-        if step.output is not None and not step.keep:
-            remove(step.output)
-        log(row)
-        rows.append(row)
-    add_ratio_vs_cp(rows)
-    return rows
-
-
-def choose_cache_mode(requested: str) -> CacheMode:
-    if requested != "auto":
-        return CacheMode(requested)
-    return CacheMode.COLD if can_evict(SAMPLE) else CacheMode.WARM
-
-
-def startup_seconds(tools: Tools, repeat: int) -> float:
-    """Wall time of ``obsdelta --version`` (interpreter and imports), libraries cached."""
-    argv = [*tools.obsdelta, "--version"]
+def median_seconds(argv: list[str], count: int) -> float:
     run_timed(argv)  # loads the libraries into the page cache and compiles the sources
-    return statistics.median(run_timed(argv).seconds for _ in range(repeat))
+    return statistics.median(run_timed(argv).seconds for _ in range(count))
 
 
-def untiled_zstd_ratio(tools: Tools, scratch: Path) -> float | None:
-    """zstd -1's ratio on the rollout itself, one tile: what it reaches without repetition."""
-    step = zstd_step(SAMPLE, scratch / "untiled.zst", tools)
-    runs = execute(step, CacheMode.WARM, 1)
-    if step.output is None or not runs or runs[-1].returncode != 0:
-        return None
-    ratio = dataset_bytes(SAMPLE) / dataset_bytes(step.output)
-    remove(step.output)
-    return ratio
+def startup_checks(bench: Bench, root: Path) -> tuple[list[dict[str, Any]], list[BenchInput]]:
+    """``--version``, and a 2 MB compress vs ``import torch`` + 0.5 s; libraries cached."""
+    small = ensure_input(root, D4RL, 0.002, 3)
+    version = median_seconds([*bench.obsdelta, "--version"], STARTUP_REPEAT)
+    torch_import = median_seconds([PYTHON, "-c", "import torch"], STARTUP_REPEAT)
+    target = bench.scratch / "small.hdf5"
+    argv = [*bench.obsdelta, "compress", str(small.path), "-o", str(target), "-f", "-q"]
+    argv += ["--codec", "exact"]
+    small_compress = median_seconds(argv, STARTUP_REPEAT)
+    remove(target)
+    limit = torch_import + 0.5
+    return [
+        check(
+            "start-up: obsdelta --version (warm, median of 5)",
+            f"{version:.2f} s",
+            "",
+            version,
+            "<= 0.3 s",
+            version <= 0.3,
+            f"{version:.2f} s",
+        ),
+        check(
+            f"start-up: compress --codec exact of a {small.bytes / MB:.1f} MB D4RL file vs "
+            "python -c 'import torch' + 0.5 s (warm, median of 5)",
+            f"{small_compress:.2f} s",
+            f"{torch_import:.2f} + 0.5 = {limit:.2f} s",
+            small_compress,
+            "<= import torch + 0.5 s",
+            small_compress <= limit,
+            f"{small_compress:.2f} s",
+        ),
+    ], [small]
 
 
-def check_complete(markdown: Path, rows: list[Row], planned: int) -> None:
-    """Fail unless results.md has one successful row per planned step."""
-    text = markdown.read_text()
-    problems = [f"{len(rows)} rows for {planned} planned steps"] if len(rows) != planned else []
-    for row in rows:
-        if f"| {row.input} | {row.step} |" not in text:
-            problems.append(f"no row for {row.input} / {row.step}")
-        if row.status not in (OK, NOT_AVAILABLE):
-            problems.append(f"{row.input} / {row.step}: {row.status}")
-    if problems:
-        raise SystemExit(f"{markdown} is incomplete:\n" + "\n".join(problems))
-    print(f"check: {markdown} has all {planned} rows", file=sys.stderr)
+def jobs_checks(
+    bench: Bench, root: Path, size_gb: float
+) -> tuple[list[dict[str, Any]], list[BenchInput]]:
+    """``compress --jobs 2`` vs ``--jobs 1`` of 8 D4RL inputs of size/8, cold."""
+    each = size_gb / JOBS_INPUTS
+    items = [
+        ensure_input(root, D4RL, each, 101 + i, f"d4rl-{each:g}GB-jobs{i}")
+        for i in range(JOBS_INPUTS)
+    ]
+    total = sum(item.bytes for item in items)
+    label = BenchInput(D4RL, size_gb, items[0].path, 0, total, 0.0, True, 0)
+    out = bench.scratch / "jobs"
+    timings = {}
+    for jobs in (1, 2):
+        argv = [*bench.obsdelta, "compress", *(str(i.path) for i in items), "-o", f"{out}/"]
+        argv += ["--codec", "exact", "--jobs", str(jobs), "--json"]
+        timings[jobs] = bench.time(
+            label,
+            f"obsdelta compress --jobs {jobs} ({JOBS_INPUTS} files)",
+            argv,
+            [i.path for i in items],
+            out,
+            keep=False,
+        )
+    for timing in timings.values():
+        timing.input = f"{JOBS_INPUTS} D4RL HDF5 files of {each:g} GB"
+    result = ratio_check(
+        f"{JOBS_INPUTS} D4RL files of {each:g} GB: compress --jobs 2 vs --jobs 1",
+        timings[2],
+        timings[1],
+        1.4,
+    )
+    return [result, rss_check(timings[2])], items
 
 
 def parse_sizes(text: str) -> list[float]:
@@ -370,27 +369,21 @@ def parse_sizes(text: str) -> list[float]:
     return sizes
 
 
-def positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
-    return int(text)
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--sizes",
-        type=parse_sizes,
-        help="input sizes in GB (10^9 bytes), comma-separated; default 0.25,1 (--quick: 0.05)",
+        "--sizes", type=parse_sizes, default=[2.0], help="input sizes in GB (10^9 bytes); default 2"
     )
+    parser.add_argument("--out", type=Path, default=BENCH / "out")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per timed command (median)")
     parser.add_argument(
-        "--out", type=Path, help="default benchmarks/out (--quick: benchmarks/out/quick)"
+        "--cache",
+        choices=["auto", "drop", "fadvise"],
+        default="auto",
+        help="cold inputs by drop_caches (root) or posix_fadvise; auto: drop where permitted",
     )
-    parser.add_argument(
-        "--quick", action="store_true", help="small inputs; fail unless every row is there"
-    )
-    parser.add_argument("--cache", choices=["auto", *CacheMode], default="auto")
-    parser.add_argument("--repeat", type=positive_int, default=1, help="runs per command (median)")
+    parser.add_argument("--batches", type=int, default=1000, help="random batches timed per reader")
+    parser.add_argument("--bc-steps", type=int, default=500, help="steps of the BC loop")
     parser.add_argument(
         "--snapshot",
         nargs="?",
@@ -398,41 +391,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="REV",
         help="measure the package as committed at REV (default HEAD), not the working tree",
     )
-    parser.add_argument(
-        "--publish", action="store_true", help="also copy results.md to benchmarks/RESULTS.md"
-    )
+    parser.add_argument("--publish", action="store_true", help="copy results.md to RESULTS.md")
     return parser.parse_args(argv)
-
-
-def input_record(item: BenchInput) -> dict[str, Any]:
-    return {**asdict(item), "path": str(item.path), "name": item.path.name, "label": item.label}
-
-
-def choose_source(rev: str | None, out: Path) -> tuple[Path | None, str]:
-    """The snapshot to run (None: the installed working tree), and how to name the source."""
-    if rev is None:
-        return None, working_tree_revision()
-    snapshot, commit = export_snapshot(out / "snapshot", rev)
-    return snapshot, f"commit {commit}, run from a snapshot of the package (python -m {PACKAGE})"
-
-
-def bench_all(
-    out: Path, sizes: list[float], tools: Tools, mode: CacheMode, repeat: int
-) -> tuple[list[BenchInput], list[Row], int]:
-    """Build (or reuse) every input and time every step on it; also count the planned steps."""
-    inputs: list[BenchInput] = []
-    rows: list[Row] = []
-    planned = 0
-    for item in iter_inputs(out / "inputs", sizes):
-        work = out / "work" / item.path.name
-        remove(work)
-        work.mkdir(parents=True)
-        steps = plan(item, work, tools)
-        planned += len(steps)
-        rows += bench_input(item, steps, mode, repeat)
-        remove(work)
-        inputs.append(item)
-    return inputs, rows, planned
 
 
 def loadavg() -> str:
@@ -441,42 +401,102 @@ def loadavg() -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    sizes = args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)
-    out: Path = args.out or (BENCH / "out" / "quick" if args.quick else BENCH / "out")
+    out: Path = args.out.resolve()
     started, loadavg_start = time.perf_counter(), loadavg()
     out.mkdir(parents=True, exist_ok=True)
-    snapshot, source = choose_source(args.snapshot, out)
-    mode, tools = choose_cache_mode(args.cache), find_tools(snapshot)
-    startup, untiled = startup_seconds(tools, args.repeat), untiled_zstd_ratio(tools, out)
-    inputs, rows, planned = bench_all(out, sizes, tools, mode, args.repeat)
-    end = working_tree_revision() if snapshot is None else source
-    if end != source:
-        source = f"changed during the run: {source} at the start, {end} at the end"
-    settings = {
-        "command": shlex.join(["python", "benchmarks/run.py", *(argv or sys.argv[1:])]),
-        "sizes_gb": sizes,
-        "cache": mode.value,
-        "cache_note": CACHE_NOTES[mode],
-        "repeat": args.repeat,
-        "loadavg_start": loadavg_start,
-        "loadavg_end": loadavg(),
-        "total_seconds": time.perf_counter() - started,
-    }
+    if shutil.which("zstd") is None:
+        raise SystemExit("zstd is needed: apt-get update && apt-get install -y zstd")
+    state = package_state()
+    if args.snapshot is None:
+        snapshot, source = None, working_tree_revision()
+    else:
+        snapshot, commit = export_snapshot(out / "snapshot", args.snapshot)
+        source = f"commit {commit}, run from a snapshot of the package (python -m {PACKAGE})"
+    installed = shutil.which("obsdelta", path=str(Path(PYTHON).parent)) or shutil.which("obsdelta")
+    if installed is None:
+        raise SystemExit("obsdelta is not installed: pip install -e . first")
+    drop_all = args.cache == "drop" or (args.cache == "auto" and can_drop_caches())
+    root, scratch = out / "inputs", out / "work"
+    remove(scratch)
+    scratch.mkdir(parents=True)
+    bench = Bench(obsdelta_argv(installed, snapshot), drop_all, args.repeat, scratch)
+    checks, inputs = startup_checks(bench, root)
+    for reference in (TED, D4RL):  # the simulated pool, untouched: zstd's ratio on real data
+        real = ensure_input(root, reference, 1.0, None, f"{reference}-real")
+        inputs.append(real)
+        command = ["bash", "-c", ZSTD_TAR if real.path.is_dir() else ZSTD, "zstd"]
+        command += (
+            [str(real.path.parent), real.path.name] if real.path.is_dir() else [str(real.path)]
+        )
+        ratio = bench.time(
+            real,
+            "zstd -1 -T1 + sync (reference)",
+            [*command, str(scratch / "r.zst")],
+            [real.path],
+            scratch / "r.zst",
+            cold=False,
+            keep=False,
+        )
+        bench.inputs_zstd[real.path.name] = ratio.compression_ratio
+    for size in args.sizes:
+        for layout in (TED, D4RL):
+            item = ensure_input(root, layout, size, SEEDS[layout])
+            inputs.append(item)
+            work = scratch / item.path.name.removesuffix(".hdf5")
+            work.mkdir(parents=True)
+            checks += layout_checks(bench, item, work, args)
+            remove(work)
+        more, jobs_items = jobs_checks(bench, root, size)
+        checks += more
+        inputs += jobs_items
+    if snapshot is None and package_state() != state:
+        source = (
+            f"changed during the run: {source} at the start, {working_tree_revision()} at the end"
+        )
+    cache_note = (
+        "cold input: before each timed command, `sync`, then `echo 3 > /proc/sys/vm/drop_caches` "
+        "(every clean page of the machine)"
+        if drop_all
+        else "cold input: before each timed command, `sync`, then the files it reads are evicted "
+        "with `posix_fadvise(POSIX_FADV_DONTNEED)`"
+    ) + (
+        "; then `obsdelta --version`, one `python -c 'import torch, tensordict, h5py, ..., "
+        "obsdelta_cli...'` and `zstd -V` load the programs and libraries again, so start-up is "
+        "warm and only the input is cold. Baselines end with `&& sync`; obsdelta fsyncs its own "
+        "output. Start-up and training reads are measured warm."
+    )
+    records = []
+    for item in inputs:
+        record = {**asdict(item), "path": str(item.path), "name": item.path.name}
+        record["label"] = item.label if item.seed >= 0 else f"{item.label.split(' ')[0]} real pool"
+        record["zstd_ratio"] = bench.inputs_zstd.get(item.path.name)
+        records.append(record)
     results = {
-        "machine": machine_info(),
-        "settings": settings,
+        "machine": machine_info(out),
+        "settings": {
+            "command": shlex.join(["python", "benchmarks/run.py", *(argv or sys.argv[1:])]),
+            "sizes_gb": args.sizes,
+            "cache": "drop_caches" if drop_all else "fadvise",
+            "cache_note": cache_note,
+            "repeat": args.repeat,
+            "loadavg_start": loadavg_start,
+            "loadavg_end": loadavg(),
+            "total_seconds": time.perf_counter() - started,
+        },
         "obsdelta_source": source,
-        "startup_seconds": startup,
-        "untiled_zstd_ratio": untiled,
-        "inputs": [input_record(item) for item in inputs],
-        "rows": [asdict(row) for row in rows],
+        "inputs": records,
+        "checks": checks,
+        "timings": [asdict(t) for t in bench.timings],
+        "notes": [
+            "zstd ratio of an input = its bytes / the bytes of the `zstd -1 -T1` output "
+            "(tar stream for a memmap folder).",
+        ],
     }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     markdown = out / "results.md"
     markdown.write_text(render(results))
     print(f"wrote {markdown} and {out / 'results.json'}", file=sys.stderr)
-    if args.quick:
-        check_complete(markdown, rows, planned)
+    remove(scratch)
     if args.publish:
         shutil.copyfile(markdown, BENCH / "RESULTS.md")
 

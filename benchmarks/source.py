@@ -28,6 +28,14 @@ def working_tree_revision() -> str:
     return f"{revision} + uncommitted changes" if edited else revision
 
 
+def package_state() -> str:
+    """What identifies the package's source: its tree at HEAD and any uncommitted changes.
+
+    Commits that touch only other files (benchmarks, docs) leave it unchanged.
+    """
+    return git("rev-parse", f"HEAD:{PACKAGE}") + git("status", "--porcelain", PACKAGE)
+
+
 def export_snapshot(root: Path, rev: str) -> tuple[Path, str]:
     """The package as committed at ``rev``, extracted under ``root``; and the short commit id.
 

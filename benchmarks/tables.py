@@ -5,27 +5,15 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import shutil
 import subprocess
-from collections.abc import Callable
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 GB = 10**9
 MB = 10**6
-PACKAGES = ("torch", "tensordict", "torchrl", "h5py", "numpy", "obsdelta")
-COLUMNS = (
-    "input",
-    "command / baseline",
-    "seconds",
-    "MB/s",
-    "ratio vs cp",
-    "peak RSS MB",
-    "peak anon MB",
-    "output MB",
-    "compression ratio",
-    "max abs error",
-    "notes",
-)
+PACKAGES = ("torch", "tensordict", "h5py", "numpy", "gymnasium", "mujoco", "obsdelta")
 
 
 def proc_field(path: str, name: str) -> str:
@@ -45,115 +33,102 @@ def package_version(name: str) -> str:
         return "not installed"
 
 
-def command_output(argv: list[str]) -> str | None:
-    """What a command prints (stdout and stderr), or None if it cannot be run."""
+def tool_version(argv: list[str]) -> str:
+    """First line printed by a ``--version`` call, or "not available"."""
     try:
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
     except OSError:
-        return None
-    return (done.stdout + done.stderr).strip()
-
-
-def tool_version(argv: list[str]) -> str:
-    """First line printed by a ``--version`` call, or "not available"."""
-    output = command_output(argv)
-    if output is None:
         return "not available"
+    output = (done.stdout + done.stderr).strip()
     return output.splitlines()[0] if output else "unknown"
 
 
-def machine_info() -> dict[str, Any]:
-    """CPU, memory, versions and date of this run."""
+def machine_info(out: Path) -> dict[str, Any]:
+    """CPU, cores, memory, free disk where the inputs are, versions and date of this run."""
     mem_kib = int(proc_field("/proc/meminfo", "MemTotal").split()[0])
     return {
         "cpu": proc_field("/proc/cpuinfo", "model name"),
         "cores": os.cpu_count(),
         "ram_gb": round(mem_kib * 1024 / GB, 1),
+        "disk_free_gb": round(shutil.disk_usage(out).free / GB, 1),
         "kernel": platform.release(),
         "python": platform.python_version(),
         **{name: package_version(name) for name in PACKAGES},
         "zstd": tool_version(["zstd", "-V"]),
-        "h5repack": tool_version(["h5repack", "--version"]),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
-
-
-def fixed(digits: int) -> Callable[[float], str]:
-    return lambda value: f"{value:,.{digits}f}"
-
-
-def general(value: float) -> str:
-    return "0" if value == 0 else f"{value:.3g}"
-
-
-def times(value: float) -> str:
-    return f"{value:,.2f}x"
-
-
-FORMATS: dict[str, Callable[[float], str]] = {
-    "seconds": fixed(2),
-    "mb_per_s": fixed(0),
-    "ratio_vs_cp": fixed(2),
-    "peak_rss_mb": fixed(0),
-    "peak_anon_mb": fixed(0),
-    "output_bytes": lambda value: f"{value / MB:,.1f}",
-    "compression_ratio": times,
-    "max_abs_error": general,
-}
-
-
-def cells(row: dict[str, Any]) -> list[str]:
-    """The table cells of one result row."""
-    if row["status"] != "ok":
-        return [row["input"], row["step"], row["status"], *["—"] * (len(COLUMNS) - 4), row["note"]]
-    values = [
-        "—" if row[field] is None else render(row[field]) for field, render in FORMATS.items()
-    ]
-    return [row["input"], row["step"], *values, row["note"]]
-
-
-def table_line(values: list[str]) -> str:
-    return "| " + " | ".join(value.replace("|", "\\|") for value in values) + " |"
-
-
-def markdown_table(rows: list[dict[str, Any]]) -> str:
-    lines = [table_line(list(COLUMNS)), "|" + "---|" * len(COLUMNS)]
-    lines += [table_line(cells(row)) for row in rows]
-    return "\n".join(lines)
 
 
 def machine_line(machine: dict[str, Any]) -> str:
     versions = ", ".join(f"{name} {machine[name]}" for name in PACKAGES)
     return (
         f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['ram_gb']} GB RAM, "
-        f"Linux {machine['kernel']}; Python {machine['python']}, {versions}; "
-        f"{machine['zstd']}; {machine['h5repack']}. Date: {machine['date']}."
+        f"{machine['disk_free_gb']} GB free on the benchmark disk, Linux {machine['kernel']}; "
+        f"Python {machine['python']}, {versions}; {machine['zstd']}. Date: {machine['date']}."
     )
 
 
-def inputs_lines(inputs: list[dict[str, Any]]) -> list[str]:
-    return [
-        f"- {item['label']}: `{item['name']}`, {item['rows']:,} rows, "
-        f"{item['bytes'] / MB:,.1f} MB on disk"
-        + (" (cached)" if item["cached"] else f" (built in {item['build_seconds']:.1f} s)")
-        for item in inputs
-    ]
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    def line(values: list[str]) -> str:
+        return "| " + " | ".join(str(v).replace("|", "\\|") for v in values) + " |"
+
+    return [line(header), "|" + "---|" * len(header), *map(line, rows)]
 
 
-def untiled_line(ratio: float | None) -> str:
-    measured = "not available" if ratio is None else f"{ratio:.2f}x"
-    return (
-        f"zstd -1 on the untiled rollout (3,000 rows): {measured}. The inputs repeat every "
-        "3,000 rows and zstd's window is larger than that period, so its ratios below are far "
-        "above what it reaches on real data. gzip's 32 KB window is shorter than one period of "
-        "the large datasets, and obsdelta's codecs never look further than the next row, so "
-        "their ratios are those of real data."
-    )
+def number(value: float | None, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:,.{digits}f}"
+
+
+def check_rows(checks: list[dict[str, Any]]) -> list[list[str]]:
+    rows = []
+    for check in checks:
+        verdict = "—" if check["ok"] is None else ("yes" if check["ok"] else "**no**")
+        rows.append(
+            [
+                check["name"],
+                check["obsdelta"],
+                check["baseline"],
+                check["measured"],
+                check["target"],
+                verdict,
+            ]
+        )
+    return rows
+
+
+def timing_rows(timings: list[dict[str, Any]]) -> list[list[str]]:
+    rows = []
+    for item in timings:
+        if item["status"] != "ok":
+            rows.append([item["input"], item["name"], item["status"], *["—"] * 5, item["command"]])
+            continue
+        ratio = item.get("compression_ratio")
+        rows.append(
+            [
+                item["input"],
+                item["name"],
+                number(item["seconds"]),
+                number(item["input_bytes"] / MB / item["seconds"], 0),
+                number(item["peak_rss_mb"], 0),
+                number(item["peak_anon_mb"], 0),
+                number(item["output_bytes"] / MB, 1) if item.get("output_bytes") else "—",
+                f"{ratio:.3f}x" if ratio else "—",
+                f"`{item['command']}`",
+            ]
+        )
+    return rows
 
 
 def render(results: dict[str, Any]) -> str:
-    """results.md: header lines, the inputs, and one table row per input and command."""
+    """RESULTS.md: machine, method, inputs, the checks against their targets, every timing."""
     settings = results["settings"]
+    inputs = [
+        f"- {item['label']}: `{item['name']}`, {item['rows']:,} rows, "
+        f"{item['bytes'] / MB:,.1f} MB"
+        + (" (cached)" if item["cached"] else f" (built in {item['build_seconds']:.1f} s)")
+        + (f"; zstd -1 -T1: {item['zstd_ratio']:.3f}x" if item.get("zstd_ratio") else "")
+        for item in results["inputs"]
+    ]
     return "\n".join(
         [
             "# obsdelta benchmark",
@@ -162,27 +137,49 @@ def render(results: dict[str, Any]) -> str:
             "",
             f"obsdelta source measured: {results['obsdelta_source']}.",
             "",
-            f"Command: `{settings['command']}`. Cache: {settings['cache_note']} "
-            f"Repeats: {settings['repeat']} (seconds are the median). Load average "
-            f"{settings['loadavg_start']} at the start, {settings['loadavg_end']} at the end. "
-            f"Total run time {settings['total_seconds'] / 60:.1f} min.",
+            f"Command: `{settings['command']}`. Repeats: {settings['repeat']} (median). Load "
+            f"average {settings['loadavg_start']} at the start, {settings['loadavg_end']} at the "
+            f"end. Total run time {settings['total_seconds'] / 60:.1f} min.",
             "",
-            f"obsdelta start-up (`--version`, median): {results['startup_seconds']:.2f} s, "
-            "included in every obsdelta row.",
+            f"Cache: {settings['cache_note']}",
             "",
-            untiled_line(results["untiled_zstd_ratio"]),
+            "Inputs (non-repeating Hopper-v5 transitions, see `benchmarks/README.md`; "
+            "`real` = the simulated pool itself, untouched, for comparison of zstd's ratio):",
+            *inputs,
             "",
-            "Inputs (the real Hopper rollout of `sample_data/hopper_ted`, tiled):",
-            *inputs_lines(results["inputs"]),
+            "## Targets",
             "",
-            "MB = 10^6 bytes. MB/s = bytes of the uncompressed input dataset / seconds, for every "
-            "row (inflate rows rebuild that many bytes). ratio vs cp = that throughput / cp's on "
-            "the same input. Peak RSS = `ru_maxrss` of the command's largest process, which "
-            "counts the pages of memory-mapped files it touched; peak anon = anonymous memory "
-            "(heap) of the command's own process, sampled every 20 ms. Compression ratio = input "
-            "bytes / output bytes. Details: `benchmarks/README.md`.",
+            "ratio = baseline seconds / obsdelta seconds (above 1 = obsdelta faster), except "
+            "where the row says otherwise.",
             "",
-            markdown_table(results["rows"]),
+            *table(
+                ["check", "obsdelta", "baseline", "measured", "target", "met"],
+                check_rows(results["checks"]),
+            ),
+            "",
+            "## Every timed command",
+            "",
+            "Wall seconds from spawn to exit. MB/s = bytes of the plain input / seconds. Peak "
+            "RSS = `ru_maxrss` from `wait4` (largest process; counts the pages of memory-mapped "
+            "files touched); peak anon = sampled `RssAnon` of the command's own process. "
+            "Compression ratio = input bytes / output bytes.",
+            "",
+            *table(
+                [
+                    "input",
+                    "command",
+                    "seconds",
+                    "MB/s",
+                    "peak RSS MB",
+                    "peak anon MB",
+                    "output MB",
+                    "compression",
+                    "command line",
+                ],
+                timing_rows(results["timings"]),
+            ),
+            "",
+            *[f"- {line}" for line in results["notes"]],
             "",
         ]
     )

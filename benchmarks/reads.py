@@ -1,0 +1,144 @@
+"""Training reads: random batches from a compressed dataset vs the same rows of the plain one.
+
+    python benchmarks/reads.py ted|d4rl PLAIN COMPRESSED [--batches N] [--bc-steps N]
+
+Run by ``run.py`` in its own process, with both datasets already in the page cache (warm).
+Prints one JSON object:
+
+- ``reads``: rows per second of ``--batches`` random batches of 256 rows (indices drawn once
+  with ``torch.randint``, the same for both sides), read with
+  ``obsdelta_cli.open_dataset(COMPRESSED)[idx]`` (every key, next observations rebuilt) and
+  with the plain reader: ``TensorDict.load_memmap(PLAIN)[idx]`` for a TED memmap folder, or
+  ``f[name][np.unique(idx)]`` for each of the six D4RL datasets (h5py needs increasing indices
+  without repeats: the sorted, de-duplicated batch).
+- ``bc``: seconds of a behaviour-cloning loop (MLP 11-256-256-3, Adam, mean squared error on
+  the action, batches of 256, ``--bc-steps`` steps) fed by each reader, after 20 untimed steps
+  of each.
+
+torch runs on one thread (as obsdelta does): on a loaded 2-core machine, two-thread parallel
+regions made the same loop 10 to 50 times slower and the figures unrepeatable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+BATCH = 256
+Reader = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def plain_ted(path: Path) -> tuple[int, Reader]:
+    from tensordict import TensorDict
+
+    data = TensorDict.load_memmap(path)
+
+    def read(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = data[idx]
+        return batch["observation"], batch["action"]
+
+    return data.shape[0], read
+
+
+def plain_d4rl(path: Path) -> tuple[int, Reader]:
+    import h5py
+
+    handle = h5py.File(path, "r")
+    names = list(handle.keys())
+
+    def read(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = np.unique(idx.numpy())
+        batch = {name: handle[name][rows] for name in names}
+        return torch.from_numpy(batch["observations"]), torch.from_numpy(batch["actions"])
+
+    return handle["observations"].shape[0], read
+
+
+def compressed(path: Path) -> tuple[int, Reader]:
+    from obsdelta_cli import open_dataset
+
+    data = open_dataset(path)
+
+    def read(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = data[idx]
+        return batch["observation"], batch["action"]
+
+    return len(data), read
+
+
+def rows_per_second(read: Reader, batches: list[torch.Tensor]) -> float:
+    read(batches[0])  # first-call set-up is not a training read
+    start = time.perf_counter()
+    rows = 0
+    for idx in batches:
+        obs, _ = read(idx)
+        rows += obs.shape[0]
+    return rows / (time.perf_counter() - start)
+
+
+def bc_seconds(read: Reader, batches: list[torch.Tensor]) -> float:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(11, 256),
+        torch.nn.ReLU(),
+        torch.nn.Linear(256, 256),
+        torch.nn.ReLU(),
+        torch.nn.Linear(256, 3),
+    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    start = time.perf_counter()
+    for idx in batches:
+        obs, action = read(idx)
+        loss = torch.nn.functional.mse_loss(model(obs.float()), action.float())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("layout", choices=["ted", "d4rl"])
+    parser.add_argument("plain", type=Path)
+    parser.add_argument("packed", type=Path)
+    parser.add_argument("--batches", type=int, default=2000)
+    parser.add_argument("--bc-steps", type=int, default=1000)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    plain_rows, plain = (plain_ted if args.layout == "ted" else plain_d4rl)(args.plain)
+    packed_rows, packed = compressed(args.packed)
+    if plain_rows != packed_rows:
+        raise SystemExit(f"{plain_rows} plain rows but {packed_rows} compressed rows")
+    generator = torch.Generator().manual_seed(0)
+
+    def draw(count: int) -> list[torch.Tensor]:
+        return [torch.randint(plain_rows, (BATCH,), generator=generator) for _ in range(count)]
+
+    batches, steps = draw(args.batches), draw(args.bc_steps)
+    for idx in batches[:20]:  # same rows, same values
+        rows = idx.unique()  # sorted
+        assert torch.equal(plain(rows)[0], packed(rows)[0]), "the readers disagree"
+    bc_seconds(plain, steps[:20])
+    bc_seconds(packed, steps[:20])
+    result = {
+        "rows": plain_rows,
+        "batch": BATCH,
+        "batches": args.batches,
+        "plain_rows_per_s": rows_per_second(plain, batches),
+        "packed_rows_per_s": rows_per_second(packed, batches),
+        "bc_steps": args.bc_steps,
+        "plain_bc_seconds": bc_seconds(plain, steps),
+        "packed_bc_seconds": bc_seconds(packed, steps),
+        "threads": torch.get_num_threads(),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
