@@ -14,6 +14,7 @@ from . import interrupts
 def _stopped(exc: KeyboardInterrupt) -> None:
     if not interrupts.reported:
         print(f"obsdelta: {interrupts.describe(exc)}; no partial output was left", file=sys.stderr)
+    interrupts.handled()
     sys.exit(interrupts.exit_code(exc))
 
 
@@ -26,10 +27,12 @@ def main() -> None:
         app(prog_name="obsdelta")
     except KeyboardInterrupt as exc:
         _stopped(exc)
-    except SystemExit:
-        # Typer turns an interrupt outside a command's own handling into a silent exit 130.
+    except SystemExit as done:
+        interrupts.finished()
+        # Typer turns an interrupt outside a command's own handling into a silent exit 130. A
+        # signal after a command succeeded changes nothing: its output is complete.
         stopped = interrupts.last()
-        if stopped is not None:
+        if stopped is not None and done.code not in (0, None):
             _stopped(stopped)
         raise
 

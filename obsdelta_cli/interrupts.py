@@ -11,6 +11,8 @@ raised as :class:`Terminated`, a :class:`KeyboardInterrupt`, so that every ``fin
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class Terminated(KeyboardInterrupt):
@@ -33,9 +35,33 @@ def _error(signum: int) -> KeyboardInterrupt:
     return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
+#: Depth of :func:`deferred` blocks: while above 0 a signal is remembered, not raised.
+_deferring = [0]
+
+
 def _on_signal(signum: int, frame: object) -> None:
     received.append(signum)
-    raise _error(signum)
+    if not _deferring[0]:
+        raise _error(signum)
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """Hold a signal back until the block ends, then raise it.
+
+    For importing torch and tensordict: an exception raised while their start-up runs Python
+    code from C++ ends in ``std::terminate`` (a core dump instead of exit 130).
+
+    >>> with deferred():
+    ...     pass
+    """
+    _deferring[0] += 1
+    try:
+        yield
+    finally:
+        _deferring[0] -= 1
+    if not _deferring[0]:
+        check()
 
 
 def install() -> None:
@@ -46,10 +72,35 @@ def install() -> None:
     signal.signal(signal.SIGTERM, _on_signal)
 
 
+def finished() -> None:
+    """The command is over and its output complete or removed: a signal while the interpreter
+    shuts down is ignored rather than printing a traceback from some library's clean-up, or
+    killing the process after it has succeeded."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is _on_signal:
+            signal.signal(signum, signal.SIG_IGN)
+
+
 def check() -> None:
     """Raise again a signal whose exception a library swallowed (a no-op otherwise)."""
     if received:
         raise _error(received[-1])
+
+
+def handled() -> None:
+    """Tell the interpreter the interrupt was handled, so that ``python -m`` exits with our code.
+
+    CPython sets a process-wide flag when a KeyboardInterrupt leaves code run by ``exec`` or
+    ``eval`` of a string (dataclasses and torch generate functions that way), even if the
+    exception is handled further up; under ``python -m`` that flag turns ``sys.exit(130)`` into
+    death by SIGINT. The console script takes another exit path and is not affected.
+    """
+    try:
+        import ctypes
+
+        ctypes.c_int.in_dll(ctypes.pythonapi, "_Py_UnhandledKeyboardInterrupt").value = 0
+    except (ImportError, ValueError, AttributeError, OSError):  # not CPython, or not exported
+        pass
 
 
 def exit_code(exc: KeyboardInterrupt) -> int:

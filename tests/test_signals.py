@@ -71,6 +71,44 @@ def test_interrupt_at_start_up(entry: str, tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())
 
 
+def test_interrupt_in_generated_code_still_exits_130_under_python_m(tmp_path: Path) -> None:
+    # A KeyboardInterrupt that leaves code run by exec() of a string (dataclasses and torch make
+    # functions that way at import) sets a CPython flag that turns ``python -m``'s exit 130 into
+    # death by SIGINT; the signal that does it can land at any moment of start-up.
+    main = tmp_path / "interrupted_in_exec" / "__main__.py"
+    main.parent.mkdir()
+    main.write_text(
+        "from obsdelta_cli import interrupts\n"
+        "from obsdelta_cli.__main__ import _stopped\n"
+        "interrupts.install()\n"
+        "try:\n"
+        "    exec('import signal; signal.raise_signal(signal.SIGINT)')\n"
+        "except KeyboardInterrupt as exc:\n"
+        "    _stopped(exc)\n"
+    )
+    proc = _start([sys.executable, "-m", "interrupted_in_exec"], tmp_path)
+    code, out, err = _finish(proc)
+    assert code == 130, err
+    assert err == "obsdelta: interrupted; no partial output was left\n" and out == ""
+
+
+def test_a_signal_while_importing_torch_waits_for_the_import() -> None:
+    # Raised inside torch's start-up, the exception crosses C++ code that aborts the process.
+    code = (
+        "import signal, sys\n"
+        "from obsdelta_cli import interrupts\n"
+        "interrupts.install()\n"
+        "try:\n"
+        "    with interrupts.deferred():\n"
+        "        signal.raise_signal(signal.SIGTERM)\n"
+        "        print('still importing')\n"
+        "except KeyboardInterrupt as exc:\n"
+        "    print(type(exc).__name__)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout == "still importing\nTerminated\n"
+
+
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     """Six TED memmap rollouts of ~25 MB each: long enough to interrupt a batch midway."""

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .. import interrupts
 from .base import ArrayStore, Format, Key, Plan, Sink, Source
 from .leaf import FileLeaf
 
@@ -17,7 +18,8 @@ if TYPE_CHECKING:  # tensordict costs seconds to import; HDF5 work never needs i
 
 def tensordict_module() -> Any:
     """tensordict, imported on first use (it takes seconds; HDF5 work never needs it)."""
-    import tensordict
+    with interrupts.deferred():
+        import tensordict
 
     return tensordict
 
