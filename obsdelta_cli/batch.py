@@ -18,7 +18,7 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
-from . import interrupts
+from . import interrupts, readahead
 from .errors import ObsdeltaError, UsageError
 from .interrupts import Terminated
 from .report import DatasetResult
@@ -33,8 +33,9 @@ def command(name: str) -> Callable[..., DatasetResult]:
     """The library function behind command ``name``."""
     if name not in COMMANDS:
         raise UsageError(f"unknown command {name!r}")
-    function: Callable[..., DatasetResult] = getattr(import_module(IMPLEMENTATION), name)
-    interrupts.check()  # a Ctrl-C during the import of torch may have been swallowed by it
+    with interrupts.deferred():  # torch's start-up must not be cut (see interrupts.deferred)
+        module = import_module(IMPLEMENTATION)
+    function: Callable[..., DatasetResult] = getattr(module, name)
     return function
 
 
@@ -63,6 +64,7 @@ def run_job(job: Job) -> Outcome:
     """Run a job, turning an expected failure into an :class:`Outcome` (never raising one)."""
     start = time.perf_counter()
     args: tuple[Path, ...] = (job.input,) if job.output is None else (job.input, job.output)
+    readahead.start([job.input])  # the disk reads while torch is imported and the work starts
     try:
         result = command(job.command)(*args, **job.options)
     except ObsdeltaError as exc:
@@ -149,6 +151,10 @@ def _stop(pool: ProcessPoolExecutor) -> None:
     pool.shutdown(wait=True, cancel_futures=True)
 
 
+def _input_bytes(job: Job) -> int:
+    return sum(size for _, size in readahead.files(job.input))
+
+
 def run_all(
     jobs: Sequence[Job], *, workers: int = 1, scheduler: str | None = None
 ) -> Generator[Outcome, None, None]:
@@ -161,7 +167,8 @@ def run_all(
         context = multiprocessing.get_context("spawn")
         pool = ProcessPoolExecutor(workers, context, _init_worker, (threads,))
         try:
-            futures = _spawn(pool, jobs)
+            # Largest first: a big input started last would leave the other workers idle.
+            futures = _spawn(pool, sorted(jobs, key=_input_bytes, reverse=True))
             for future in as_completed(futures):
                 yield future.result()
         except BaseException:  # Ctrl-C, SIGTERM, or the caller stopped listening

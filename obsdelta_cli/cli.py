@@ -255,8 +255,6 @@ def _run(
     output = None if output_arg is None else Path(output_arg)
     folder = output is not None and (len(inputs) > 1 or str(output_arg).endswith("/"))
     try:
-        with interrupts.deferred():  # see interrupts.deferred: torch's start-up must not be cut
-            import torch  # noqa: F401
         if plot is not None:
             if len(inputs) != 1:
                 raise UsageError("--plot takes one input", hint="run report once per input")
