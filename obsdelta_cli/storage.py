@@ -76,7 +76,10 @@ def _index(index: Any, rows: int) -> torch.Tensor:
         return torch.arange(rows)[index]
     if isinstance(index, range):
         return torch.arange(index.start, index.stop, index.step)
-    return torch.as_tensor(index, dtype=torch.long)
+    index = torch.as_tensor(index)
+    if index.dtype == torch.bool:  # a mask over the rows
+        return index.reshape(-1).nonzero().reshape(-1)
+    return index.long()
 
 
 class ObsdeltaStorage(TensorStorage):
