@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .commands.verify import verify
     from .dataset import ObsdeltaDataset, collate, open_dataset
     from .errors import ObsdeltaError
+    from .storage import ObsdeltaStorage
 
 _LAZY = {
     "compress": ".commands",
@@ -38,6 +39,7 @@ _LAZY = {
     "collate": ".dataset",
     "open_dataset": ".dataset",
     "ObsdeltaError": ".errors",
+    "ObsdeltaStorage": ".storage",  # needs torchrl (the extra obsdelta[torchrl]) when used
 }
 
 
@@ -56,6 +58,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "ObsdeltaDataset",
     "ObsdeltaError",
+    "ObsdeltaStorage",
     "__version__",
     "collate",
     "compress",

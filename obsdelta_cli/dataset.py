@@ -23,7 +23,8 @@ torch.Size([256, 11])
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +70,8 @@ class ObsdeltaDataset(Dataset):
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        # HDF5 state must not cross a fork: a worker process reopens the file (see _read).
+        self._pid = os.getpid()
         fmt, source = open_input(self.path)
         self._fmt, self._source = fmt, source
         manifest = manifest_of(source) if source.meta is not None else None
@@ -132,12 +135,26 @@ class ObsdeltaDataset(Dataset):
             idx = torch.arange(len(self))[item]
         else:
             idx = torch.as_tensor(item, dtype=torch.long).reshape(-1)
+        return self.read(idx)
+
+    def keys(self) -> list[Key]:
+        """Every leaf an item has, as tuples (``("next", "observation")``)."""
+        return list(dict.fromkeys(k for seg in self._segments for k in seg.readers))
+
+    def read(self, idx: torch.Tensor, keys: Iterable[Key] | None = None) -> TensorDictBase:
+        """Rows ``idx`` (a 1-D index tensor) of the leaves ``keys`` only (all by default): a
+        sampler that needs the done flags reads them without the observations."""
         if idx.numel() and (int(idx.min()) < -len(self) or int(idx.max()) >= len(self)):
             raise IndexError(f"index out of range for {len(self)} transitions")
+        if self._pid != os.getpid():
+            # A DataLoader worker forked after the file was opened: HDF5 is not fork-safe.
+            self.__init__(self.path)  # type: ignore[misc]
         idx = idx % max(1, len(self))
+        wanted = None if keys is None else set(keys)
         parts: dict[Key, torch.Tensor] = {}
         if len(self._segments) == 1:  # one geometry (TED, D4RL): no scatter needed
-            parts = {key: read(idx) for key, read in self._segments[0].readers.items()}
+            readers = self._segments[0].readers.items()
+            parts = {key: read(idx) for key, read in readers if wanted is None or key in wanted}
             return _tensordict(parts, idx.numel())
         segment = searchsorted(self._offsets, idx, right=True) - 1
         for i, seg in enumerate(self._segments):
@@ -146,6 +163,8 @@ class ObsdeltaDataset(Dataset):
                 continue
             local = idx[mask] - self._offsets[i]
             for key, read in seg.readers.items():
+                if wanted is not None and key not in wanted:
+                    continue
                 values = read(local)
                 if key not in parts:
                     parts[key] = torch.empty((idx.numel(), *values.shape[1:]), dtype=values.dtype)

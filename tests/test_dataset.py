@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 from tensordict import TensorDictBase
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    RandomSampler,
+    SequentialSampler,
+    get_worker_info,
+)
 
 from obsdelta_cli import collate, compress, inflate, open_dataset
 from obsdelta_cli.formats import FORMATS
@@ -97,6 +104,41 @@ def test_dataloader(tmp_path: Path, hopper: TensorDictBase, workers: int) -> Non
     ) == len(data)
     first = collate([data[i] for i in range(32)])
     assert torch.equal(first["next", "observation"], hopper["next", "observation"][:32])
+
+
+def _collate_in_worker(batch: TensorDictBase) -> TensorDictBase:
+    info = get_worker_info()
+    # A forked worker reads through file handles it opened itself, never the parent's.
+    assert info is None or info.dataset._pid == os.getpid()
+    return collate(batch)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "context"),
+    [("ted-memmap", "fork"), ("d4rl-hdf5", "fork"), ("d4rl-hdf5", "spawn")],
+)
+def test_dataloader_workers_serve_the_same_rows(
+    fmt: str, context: str, tmp_path: Path, hopper: TensorDictBase
+) -> None:
+    src = WRITERS[fmt](hopper[:700], tmp_path / "in")
+    small = tmp_path / f"small{src.suffix}"
+    compress(src, small, codec="exact")
+    data = open_dataset(small)
+    data[torch.arange(len(data))]  # the parent has read the file (HDF5 state) before forking
+    loaded = []
+    for workers in (0, 2):
+        batches = BatchSampler(SequentialSampler(data), batch_size=64, drop_last=False)
+        loader = DataLoader(
+            data,
+            sampler=batches,
+            batch_size=None,
+            collate_fn=_collate_in_worker,
+            num_workers=workers,
+            multiprocessing_context=context if workers else None,
+        )
+        loaded.append(torch.cat(list(loader)))
+    _bits_equal(loaded[1], loaded[0])
+    _bits_equal(loaded[0], _everything(src))
 
 
 def test_d4rl_and_robomimic_get_ted_names() -> None:
