@@ -335,6 +335,16 @@ def compress(
             "replaces.",
         ),
     ] = None,
+    pack: Annotated[
+        bool,
+        typer.Option(
+            "--pack",
+            rich_help_panel=OUTPUT_PANEL,
+            help="Write one HDF5 file, every dataset chunked along time and compressed with "
+            "the hdf5plugin filter that measured smallest for its key; h5py reads it, "
+            "open_dataset trains from it, inflate gives back the original container.",
+        ),
+    ] = False,
     force: ForceOpt = False,
     no_verify: Annotated[
         bool,
@@ -364,6 +374,7 @@ def compress(
         "chunk_mb": chunk_mb,
         "options": {"h5_compression": h5_compression and h5_compression.value},
         "verify": not no_verify,
+        "pack": pack,
     }
     _run(
         "compress",
@@ -422,6 +433,15 @@ def report(
     key: KeyOpt = None,
     max_abs_error: BoundOpt = None,
     time_dim: TimeDimOpt = -1,
+    pack: Annotated[
+        bool,
+        typer.Option(
+            "--pack",
+            rich_help_panel=OUTPUT_PANEL,
+            help="Predict the size of compress --pack's file (from a sample of each key's "
+            "chunks) as the size after.",
+        ),
+    ] = False,
     plot: Annotated[
         Path | None,
         typer.Option(
@@ -447,6 +467,7 @@ def report(
         "max_abs_error": max_abs_error,
         "time_dim": time_dim,
         "chunk_mb": chunk_mb,
+        "pack": pack,
     }
     _run(
         "report",

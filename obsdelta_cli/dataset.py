@@ -40,6 +40,8 @@ if TYPE_CHECKING:  # tensordict costs seconds to import; HDF5 work never needs i
     from tensordict import TensorDictBase
 
 Reader = Callable[[torch.Tensor], torch.Tensor]
+#: Chunk cache of a packed file, per dataset (decoded chunks of frame-delta datasets included).
+DEFAULT_CACHE_MB = 256
 
 D4RL_NAMES: dict[Key, Key] = {
     ("observations",): ("observation",),
@@ -68,17 +70,20 @@ class _Segment:
 class ObsdeltaDataset(Dataset):
     """Transitions of an obsdelta-readable dataset; ``len`` is the number of transitions."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, cache_mb: float = DEFAULT_CACHE_MB) -> None:
         self.path = Path(path)
-        # HDF5 state must not cross a fork: a worker process reopens the file (see _read).
+        self.cache_mb = cache_mb
+        # HDF5 state must not cross a fork: a worker process reopens the file (see read).
         self._pid = os.getpid()
-        fmt, source = open_input(self.path)
+        fmt, source = open_input(self.path, cache_mb=cache_mb)
         self._fmt, self._source = fmt, source
         manifest = manifest_of(source) if source.meta is not None else None
         stored = stored_pairs(source, manifest) if manifest is not None else []
         time_dim = manifest.time_dim if manifest is not None else source.batch_dims - 1
         self._stream = stream_for(source, time_dim, 64)
-        self._segments = self._build(source, stored, fmt.name)
+        # A packed file is read as the container it was packed from.
+        layout = manifest.source_container if manifest and manifest.source_container else None
+        self._segments = self._build(source, stored, layout or fmt.name)
         self._offsets = torch.tensor([0, *[s.rows for s in self._segments]]).cumsum(0)
 
     def _build(self, source: Source, stored: list[StoredPair], fmt: str) -> list[_Segment]:
@@ -148,7 +153,7 @@ class ObsdeltaDataset(Dataset):
             raise IndexError(f"index out of range for {len(self)} transitions")
         if self._pid != os.getpid():
             # A DataLoader worker forked after the file was opened: HDF5 is not fork-safe.
-            self.__init__(self.path)  # type: ignore[misc]
+            self.__init__(self.path, self.cache_mb)  # type: ignore[misc]
         idx = idx % max(1, len(self))
         wanted = None if keys is None else set(keys)
         parts: dict[Key, torch.Tensor] = {}
@@ -181,10 +186,10 @@ class ObsdeltaDataset(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         # DataLoader workers reopen the dataset rather than share open file handles.
-        return {"path": self.path}
+        return {"path": self.path, "cache_mb": self.cache_mb}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"])  # type: ignore[misc]
+        self.__init__(state["path"], state["cache_mb"])  # type: ignore[misc]
 
 
 def _tensordict(parts: dict[Key, torch.Tensor], rows: int) -> TensorDictBase:
@@ -301,13 +306,15 @@ def collate(batch: TensorDictBase | list[TensorDictBase]) -> TensorDictBase:
     return batch if isinstance(batch, TensorDictBase) else torch.stack(batch)
 
 
-def open_dataset(path: str | Path) -> ObsdeltaDataset:
+def open_dataset(path: str | Path, cache_mb: float = DEFAULT_CACHE_MB) -> ObsdeltaDataset:
     """Open any dataset obsdelta reads, compressed or plain, as a lazy ``Dataset``.
+
+    ``cache_mb``: chunk cache of a packed file (``compress --pack``), per dataset.
 
     ``len(data)`` is the number of transitions; ``data[i]``, ``data[a:b]`` and ``data[tensor]``
     return TensorDicts in the TED layout with ``("next", k)`` rebuilt.
     """
-    return ObsdeltaDataset(path)
+    return ObsdeltaDataset(path, cache_mb)
 
 
 __all__ = ["ObsdeltaDataset", "collate", "open_dataset"]

@@ -21,7 +21,8 @@ from obsdelta_cli.formats import FORMATS
 
 from .writers import WRITERS
 
-READABLE = [f for f in FORMATS if FORMATS[f].nothing_to_do is None]
+# Packed files are outputs only (compress --pack); tests/test_pack.py trains from them.
+READABLE = [f for f in FORMATS if FORMATS[f].nothing_to_do is None and f in WRITERS]
 
 
 def _everything(path: Path) -> TensorDictBase:

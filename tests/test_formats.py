@@ -12,16 +12,16 @@ from obsdelta_cli.errors import InputError
 from obsdelta_cli.formats import FORMATS, detect
 
 from .conftest import SAMPLE
-from .writers import WRITERS
+from .writers import OUTPUT_WRITERS, WRITERS
 
 
 def test_every_format_has_a_writer() -> None:
-    assert set(WRITERS) == set(FORMATS)
+    assert set(WRITERS) | set(OUTPUT_WRITERS) == set(FORMATS)
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_detected_from_content_not_name(fmt: str, tmp_path: Path, hopper: TensorDictBase) -> None:
-    path = WRITERS[fmt](hopper[:400], tmp_path / "data")
+    path = {**WRITERS, **OUTPUT_WRITERS}[fmt](hopper[:400], tmp_path / "data")
     odd = tmp_path / "renamed.h5"  # a misleading name changes nothing
     path.rename(odd)
     assert detect(odd).name == fmt
@@ -57,5 +57,5 @@ def test_open_is_lazy_and_never_writes_through(tmp_path: Path, hopper: TensorDic
 def test_unknown_layout(tmp_path: Path) -> None:
     odd = tmp_path / "notes.txt"
     odd.write_text("hello")
-    with pytest.raises(InputError, match="no layout obsdelta reads; supported: torchrl-rb"):
+    with pytest.raises(InputError, match="no layout obsdelta reads; supported: packed-hdf5"):
         detect(odd)

@@ -146,6 +146,20 @@ WRITERS: dict[str, Callable[[TensorDictBase, Path], Path]] = {
     "ted-hdf5": write_ted_hdf5,
 }
 
+
+def write_packed(td: TensorDictBase, path: Path) -> Path:
+    """A packed file (an output only: ``compress --pack`` of a TED memmap)."""
+    from obsdelta_cli import compress
+
+    src = write_memmap(td, path.with_name(path.name + "-src"))
+    out = path.with_suffix(".h5")
+    compress(src, out, pack=True)
+    return out
+
+
+#: Formats that are only ever written by obsdelta, with how the tests make one.
+OUTPUT_WRITERS: dict[str, Callable[[TensorDictBase, Path], Path]] = {"packed-hdf5": write_packed}
+
 #: Formats whose keys follow TED (``k`` and ``("next", k)``), so TED tensordicts round-trip.
 TED_KEYED = ["ted-memmap", "ted-pt", "torchrl-rb", "ted-hdf5"]
 

@@ -15,6 +15,7 @@ import torch
 from ..atomic import atomic_output, estimate_output_bytes
 from ..errors import DataError, InputError, ObsdeltaError, UsageError, write_error
 from ..formats import Format, Plan, Sink, Source, detect
+from ..formats.packed import Packed
 from ..manifest import Manifest, parse
 from ..rebuild import StoredPair
 from ..report import KeyResult
@@ -53,8 +54,12 @@ def check_bound(max_abs_error: float | None) -> None:
         raise UsageError(f"--max-abs-error must be a finite number >= 0, got {max_abs_error}")
 
 
-def open_input(path: Path) -> tuple[Format, Source]:
+def open_input(path: Path, *, cache_mb: float | None = None) -> tuple[Format, Source]:
+    """Open ``path`` with the adapter its content calls for; ``cache_mb`` sizes the chunk
+    cache of a packed file."""
     fmt = detect(path)
+    if cache_mb is not None and isinstance(fmt, Packed):
+        fmt.cache_bytes = max(0, int(cache_mb * 2**20))
     source = fmt.open(path)
     if source.valid_rows == 0:
         fmt.close(source)

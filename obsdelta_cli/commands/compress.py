@@ -172,6 +172,7 @@ def compress(
     chunk_mb: float = DEFAULT_CHUNK_MB,
     options: dict[str, Any] | None = None,
     verify: bool = True,
+    pack: bool = False,
 ) -> DatasetResult:
     """Write ``output``: ``input`` with each selected next observation stored by a codec.
 
@@ -181,7 +182,16 @@ def compress(
     store within the bound are kept exactly as exception rows; ``exceptions=False`` refuses the
     key instead. ``options`` are container write options (``{"h5_compression": "zstd"}``).
     With ``verify`` (the default) the output is re-read and checked before it is put in place.
+    With ``pack``, ``output`` is one packed HDF5 file (:mod:`.pack`).
     """
+    if pack:
+        from .pack import compress_packed
+
+        return compress_packed(
+            input, output, codec=codec, keys=keys, max_abs_error=max_abs_error,
+            exceptions=exceptions, time_dim=time_dim, force=force, chunk_mb=chunk_mb,
+            options=options, verify=verify,
+        )  # fmt: skip
     input, output = Path(input), Path(output)
     check_bound(max_abs_error)
     auto = codec == AUTO

@@ -8,6 +8,7 @@ from typing import Any
 from ..checksum import Hasher
 from ..errors import InputError
 from ..formats import Key, LeafSpec, Plan, Sink, disk_size, key_str
+from ..formats.packed import is_packed
 from ..rebuild import StoredPair, stored_pairs
 from ..report import DatasetResult
 from .common import (
@@ -34,6 +35,10 @@ def inflate(
     Every byte read is checked against the manifest's hashes as it passes; on a mismatch
     nothing is left behind."""
     input, output = Path(input), Path(output)
+    if is_packed(input):
+        from .pack import inflate_packed
+
+        return inflate_packed(input, output, force=force, chunk_mb=chunk_mb)
     fmt, source = open_input(input)
     try:
         manifest = manifest_of(source)

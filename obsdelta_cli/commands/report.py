@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from ..codecs import AUTO, CODECS, DEFAULT_CODEC, make_codec
@@ -32,12 +33,14 @@ def report(
     max_abs_error: float | None = None,
     time_dim: int = -1,
     chunk_mb: float = DEFAULT_CHUNK_MB,
+    pack: bool = False,
 ) -> DatasetResult:
     """Measure without writing.
 
     On a plain input: every codec on every key (a dry run), with what ``--codec auto`` would
     pick under ``max_abs_error`` marked. On a compressed input: the original and the stored
-    size, and the error measured when it was written.
+    size, and the error measured when it was written. With ``pack``, the size after of a
+    plain input is what ``compress --pack`` would write, predicted from a sample of chunks.
     """
     input = Path(input)
     check_bound(max_abs_error)
@@ -94,7 +97,17 @@ def report(
         saved += fmt.bookkeeping(source, removed)
     finally:
         fmt.close(source)
-    return DatasetResult("report", str(input), None, fmt.name, False, size, size - saved, results)
+    result = DatasetResult("report", str(input), None, fmt.name, False, size, size - saved, results)
+    if pack:
+        from .pack import predict_packed
+
+        predicted = predict_packed(
+            input, codec=codec, keys=keys, max_abs_error=max_abs_error, time_dim=time_dim,
+            chunk_mb=chunk_mb,
+        )  # fmt: skip
+        note = "--pack: the size after is predicted from a sample of each key's chunks"
+        return replace(result, bytes_after=predicted, note=note)
+    return result
 
 
 def _saved_on_disk(source: Source, key: KeyGroup, result: KeyResult) -> int:

@@ -1,7 +1,8 @@
 """Format registry and content-based detection.
 
->>> list(FORMATS)
-['torchrl-rb', 'ted-memmap', 'ted-pt', 'd4rl-hdf5', 'robomimic-hdf5', 'minari-hdf5', 'ted-hdf5']
+>>> list(FORMATS)  # doctest: +NORMALIZE_WHITESPACE
+['packed-hdf5', 'torchrl-rb', 'ted-memmap', 'ted-pt', 'd4rl-hdf5', 'robomimic-hdf5',
+ 'minari-hdf5', 'ted-hdf5']
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .base import (
 from .d4rl import D4RL
 from .hdf5 import is_hdf5, open_h5
 from .minari import Minari
+from .packed import Packed
 from .robomimic import Robomimic
 from .ted_hdf5 import TedHDF5
 from .ted_memmap import TedMemmap
@@ -31,8 +33,9 @@ from .ted_pt import TedPt
 from .torchrl_rb import TorchRLReplayBuffer
 
 # Order matters: detection tries the most specific layout first (a replay-buffer dump contains
-# a memmap tree).
+# a memmap tree; a packed file holds any layout's datasets).
 FORMATS: dict[str, type[Format]] = {
+    Packed.name: Packed,
     TorchRLReplayBuffer.name: TorchRLReplayBuffer,
     TedMemmap.name: TedMemmap,
     TedPt.name: TedPt,

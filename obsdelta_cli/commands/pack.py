@@ -1,0 +1,135 @@
+"""``--pack``: one HDF5 file holding a compressed dataset of any container, every dataset
+filtered; and its inflate and size prediction.
+
+``compress --pack`` compresses into a private working folder beside OUTPUT, then packs that
+output (the *inner* container) into OUTPUT and verifies the packed file like any compressed
+output. ``inflate`` of a packed file unpacks the inner container into a working folder and
+inflates it: the original container comes back, checked by the inner container's own hashes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..atomic import _dead, _remove, atomic_output, check_output
+from ..errors import UsageError
+from ..formats import detect, disk_size
+from ..formats.pack_io import Chooser, pack, unpack
+from ..formats.packed import NAME
+from ..report import DatasetResult
+from .common import DEFAULT_CHUNK_MB, manifest_of, open_input
+from .verify import verify_written
+
+#: Working folders beside OUTPUT: ``.OUTPUT.obsdelta-pack-PID``.
+WORK_MARK = ".obsdelta-pack-"
+#: Inputs ``--pack`` takes, by format name.
+PACKABLE = ("ted-memmap", "torchrl-rb", "d4rl-hdf5", "robomimic-hdf5", "ted-hdf5")
+
+
+def _work_dir(output: Path) -> Path:
+    """A fresh working folder beside ``output``; those of dead runs are removed first."""
+    for old in output.parent.glob(f".{output.name}{WORK_MARK}*"):
+        if _dead(old):
+            _remove(old)
+    work = output.parent / f".{output.name}{WORK_MARK}{os.getpid()}"
+    _remove(work)
+    work.mkdir()
+    return work
+
+
+def _inner_name(input: Path) -> str:
+    return "inner" + (input.suffix if input.is_file() else "")
+
+
+def _check_packable(input: Path) -> str:
+    name = detect(input).name
+    if name not in PACKABLE:
+        raise UsageError(
+            f"--pack does not take {name} inputs",
+            file=input,
+            hint=f"--pack takes {', '.join(PACKABLE)}",
+        )
+    return name
+
+
+def compress_packed(
+    input: Path,
+    output: Path,
+    *,
+    force: bool = False,
+    chunk_mb: float = DEFAULT_CHUNK_MB,
+    verify: bool = True,
+    **options: Any,
+) -> DatasetResult:
+    """``compress`` into one packed HDF5 file ``output`` (``options`` as for ``compress``)."""
+    from .compress import compress
+
+    input, output = Path(input), Path(output)
+    _check_packable(input)
+    check_output(output, input, force=force)  # refuse early, before any work
+    with atomic_output(output, source=input, force=force, replaceable=NAME) as tmp:
+        work = _work_dir(output)
+        try:
+            inner = work / _inner_name(input)
+            # Not verified here: the packed file is verified as a whole below.
+            result = compress(input, inner, chunk_mb=chunk_mb, verify=False, **options)
+            fmt, source = open_input(inner)
+            try:
+                pack(source, fmt.name, manifest_of(source), tmp, Chooser())
+            finally:
+                fmt.close(source)
+        finally:
+            _remove(work)
+        if verify:
+            verify_written(tmp, chunk_mb)
+    return replace(result, output=str(output), bytes_after=disk_size(output), note="packed")
+
+
+def inflate_packed(
+    input: Path, output: Path, *, force: bool = False, chunk_mb: float = DEFAULT_CHUNK_MB
+) -> DatasetResult:
+    """``inflate`` a packed file: the original container, in its own format, at ``output``."""
+    from .inflate import inflate
+
+    input, output = Path(input), Path(output)
+    check_output(output, input, force=force)
+    fmt, source = open_input(input)
+    work = _work_dir(output)
+    try:
+        try:
+            inner = work / "inner"
+            unpack(source, manifest_of(source), inner)
+        finally:
+            fmt.close(source)
+        # The inner container's own checks (every leaf, raw chunk, file and attribute as
+        # recorded at compress time) run as it is inflated.
+        result = inflate(inner, output, force=force, chunk_mb=chunk_mb)
+    finally:
+        _remove(work)
+    return replace(result, input=str(input), bytes_before=disk_size(input), format=NAME)
+
+
+def predict_packed(input: Path, *, chunk_mb: float = DEFAULT_CHUNK_MB, **options: Any) -> int:
+    """Bytes ``compress --pack`` would write for ``input``: the compressed dataset is written to
+    a working folder, then packed with only a sample of each dataset's chunks, the size of the
+    others extrapolated."""
+    from .compress import compress
+
+    input = Path(input)
+    _check_packable(input)
+    probe = Path(os.environ.get("TMPDIR", "/tmp")) / f"obsdelta-report-{os.getpid()}"
+    work = _work_dir(probe)
+    try:
+        inner = work / _inner_name(input)
+        compress(input, inner, chunk_mb=chunk_mb, verify=False, **options)
+        fmt, source = open_input(inner)
+        try:
+            probe = work / "probe.h5"
+            return pack(source, fmt.name, manifest_of(source), probe, Chooser(sample=True))
+        finally:
+            fmt.close(source)
+    finally:
+        _remove(work)

@@ -1,0 +1,475 @@
+"""Writing a packed file from a compressed container, and unpacking it back (the layout is
+described in :mod:`.packed`).
+
+Packing reads the inner container once: each dataset (an HDF5 dataset, or a folder's memmap
+leaf) is hashed as its rows pass and written in chunks along time with the filter measured
+smallest for its key; everything else is kept as it is. Unpacking writes the inner container
+back: a folder file for file, an HDF5 file object for object with each dataset's original
+creation properties, so that its own checks (raw chunks and attributes, as recorded at compress
+time) pass again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+import xxhash
+
+from ..errors import InputError, UsageError, write_error
+from ..filters import (
+    FILTERS,
+    MIN_PACK_BYTES,
+    Filter,
+    choose,
+    chunk_rows,
+    family,
+    sample_rows,
+    transform_rows,
+)
+from ..manifest import Manifest
+from .base import SIDECAR, Key, Source, key_str, write_sidecar
+from .hdf5 import _ALLOC_TIMES, _OUTPUT_FDS, _close_quietly, _create, copy_attrs, dcpl_like
+from .hdf5_leaves import BF16_ATTR, META_ATTR, OWN, numpy_dtype, torch_dtype
+from .hdf5_meta import MANIFEST, write_meta
+from .leaf import FileLeaf
+from .packed import (
+    COMMAND_CACHE_BYTES,
+    FILES,
+    LAYOUT,
+    NAME,
+    PACK,
+    TRANSFORM_ATTR,
+    file_bytes,
+    pack_info,
+    packed_leaf,
+)
+
+#: Library versions of a packed file: v1.10 object headers and chunk indexes (fixed arrays:
+#: one lookup per chunk), readable by any HDF5 from 1.10 on.
+LIBVER = ("v110", "v110")
+#: Rows are moved in blocks of about this many bytes (whole chunks).
+BLOCK_BYTES = 8 << 20
+
+Reader = Callable[[int, int], np.ndarray]
+
+
+@dataclass
+class Chooser:
+    """The filter of each key family, measured on the first dataset of the family seen.
+
+    With ``sample`` (``report --pack``), datasets get only their sampled chunks, and ``extra``
+    adds up what the others would take, extrapolated from the sampled ones."""
+
+    choices: dict[str, tuple[Filter, float]] = field(default_factory=dict)
+    sample: bool = False
+    extra: float = 0.0
+
+    def pick(self, path: str, read: Reader, shape: tuple[int, ...], per: int) -> Filter:
+        fam = family(path)
+        if fam not in self.choices:
+            samples = [read(sl.start, sl.stop) for sl in sample_rows(shape[0], per)]
+            self.choices[fam] = choose(samples, per)
+        return self.choices[fam][0]
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def write_dataset(
+    group: h5py.Group,
+    name: str,
+    path: str,
+    read: Reader,
+    shape: tuple[int, ...],
+    dtype: np.dtype,
+    chooser: Chooser,
+) -> dict[str, Any]:
+    """Create dataset ``name`` of ``group`` chunked along its first dimension with the chosen
+    filter and fill it from ``read``; return its entry for the manifest (filter, hash)."""
+    per = chunk_rows(shape, dtype.itemsize)
+    flt = chooser.pick(path, read, shape, per)
+    ds = group.create_dataset(
+        name,
+        shape=shape,
+        dtype=dtype,
+        chunks=(per, *shape[1:]),
+        track_times=False,
+        **flt.kwargs(),
+    )
+    if flt.transform:
+        ds.attrs[TRANSFORM_ATTR] = flt.transform
+    if chooser.sample:
+        taken = 0
+        for sl in sample_rows(shape[0], per):
+            ds[sl] = transform_rows(
+                np.ascontiguousarray(read(sl.start, sl.stop)), per, flt.transform
+            )
+            taken += sl.stop - sl.start
+        stored = int(ds.id.get_storage_size())
+        chooser.extra += stored * (shape[0] / taken - 1)
+        return {"filter": flt.name, "chunk_rows": per, "values": ""}
+    h = xxhash.xxh3_64()
+    step = per * max(1, BLOCK_BYTES // max(1, per * math.prod(shape[1:]) * dtype.itemsize))
+    for start in range(0, shape[0], step):
+        stop = min(shape[0], start + step)
+        block = np.ascontiguousarray(read(start, stop))
+        h.update(block.view(np.uint8).reshape(-1).data if block.size else b"")
+        ds[start:stop] = transform_rows(block, per, flt.transform)
+    return {"filter": flt.name, "chunk_rows": per, "values": h.hexdigest()}
+
+
+def packed_manifest(manifest: Manifest, inner: str, info: dict[str, Any]) -> Manifest:
+    """The packed file's manifest: the inner one, saying where it came from."""
+    info = {**info, "inner_hash": manifest.to_json()["manifest_hash"]}
+    extra = {**manifest.extra, "pack": info}
+    return replace(manifest, container=NAME, source_container=inner, extra=extra)
+
+
+def inner_manifest(manifest: Manifest, file: Path) -> Manifest:
+    """The inner container's manifest back from a packed file's (checked against its hash)."""
+    info = pack_info(manifest.to_json(), file)
+    extra = {k: v for k, v in manifest.extra.items() if k != "pack"}
+    if manifest.source_container is None:
+        raise InputError("obsdelta metadata field source_format is missing", file=file)
+    inner = replace(manifest, container=manifest.source_container, source_container=None)
+    inner = replace(inner, extra=extra)
+    if inner.to_json()["manifest_hash"] != info["inner_hash"]:
+        raise InputError(
+            "obsdelta metadata field pack.inner_hash does not match the manifest",
+            file=file,
+            hint="the packed file is damaged; restore it from a copy",
+        )
+    return inner
+
+
+# ---------------------------------------------------------------------------------------------
+# Packing
+
+
+def pack(inner: Source, inner_name: str, manifest: Manifest, out: Path, chooser: Chooser) -> int:
+    """Write the packed file ``out`` from the opened compressed container ``inner``; return its
+    size, or with ``chooser.sample``, the size predicted for the whole file."""
+    with h5_output(out, LIBVER) as f:
+        if isinstance(inner.handle, h5py.File):
+            info = _pack_hdf5(inner.handle, f, chooser)
+        else:
+            info = _pack_folder(inner, f, chooser)
+        write_meta(f, packed_manifest(manifest, inner_name, info).to_json())
+    return out.stat().st_size + round(chooser.extra)
+
+
+@contextmanager
+def h5_output(path: Path, libver: Any) -> Iterator[h5py.File]:
+    """A new HDF5 file, flushed and closed at the end; a failed write is one
+    :class:`OutputError`, and the file is left for the caller to delete."""
+    try:
+        f = h5py.File(path, "w", libver=libver)
+        _OUTPUT_FDS[id(f)] = int(f.id.get_vfd_handle())
+    except (OSError, ValueError) as exc:
+        raise write_error(path, exc) from None
+    try:
+        yield f
+        f.flush()
+        f.close()
+        _OUTPUT_FDS.pop(id(f), None)
+    except (OSError, RuntimeError) as exc:
+        _close_quietly(f)
+        if isinstance(exc, RuntimeError) and "write failed" not in str(exc):
+            raise
+        raise write_error(path, exc) from None
+    except BaseException:
+        _close_quietly(f)
+        raise
+
+
+def _group_like(src: h5py.Group, dst: h5py.Group, name: str) -> h5py.Group:
+    """Group ``name`` of ``dst`` with ``src``'s creation properties and attributes (obsdelta's
+    own group may exist already: the twins live in it)."""
+    if name in dst:
+        group = dst[name]
+    else:
+        gcpl = src.id.get_create_plist()
+        group = h5py.Group(h5py.h5g.create(dst.id, name.encode(), gcpl=gcpl))
+    copy_attrs(src, group)
+    return group
+
+
+def _repackable(ds: h5py.Dataset) -> bool:
+    """A numeric dataset of rows, stored in the file, worth filtering."""
+    dcpl = ds.id.get_create_plist()
+    return (
+        ds.ndim >= 1
+        and torch_dtype(ds.dtype) is not None
+        and ds.nbytes >= MIN_PACK_BYTES
+        and dcpl.get_layout() in (h5py.h5d.CONTIGUOUS, h5py.h5d.CHUNKED)
+        and dcpl.get_external_count() == 0
+        and 0 not in ds.shape
+    )
+
+
+def _absent_chunks(ds: h5py.Dataset) -> list[list[int]] | None:
+    """Offsets of the chunks never written (``None``: all are), where some are missing; a
+    contiguous dataset never written has none at all."""
+    dsid = ds.id
+    if ds.chunks is None:
+        return None if dsid.get_storage_size() else []
+    stored = {tuple(dsid.get_chunk_info(i).chunk_offset) for i in range(dsid.get_num_chunks())}
+    grid = np.stack(
+        np.meshgrid(*[np.arange(0, n, c) for n, c in zip(ds.shape, ds.chunks, strict=True)]),
+        -1,
+    ).reshape(-1, ds.ndim)
+    if len(stored) == len(grid):
+        return None
+    return [list(map(int, o)) for o in grid if tuple(int(x) for x in o) not in stored]
+
+
+def _pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, Any]:
+    datasets: dict[str, Any] = {}
+    for name in src.attrs:
+        if name != META_ATTR:
+            out.attrs.create(name, src.attrs[name], dtype=src.attrs.get_id(name).dtype)
+
+    def walk(group: h5py.Group, dst: h5py.Group) -> None:
+        for name, obj in group.items():
+            path = obj.name.lstrip("/")
+            if path == MANIFEST:
+                continue  # the inner manifest: the packed one holds it
+            if isinstance(obj, h5py.Group):
+                walk(obj, _group_like(obj, dst, name))
+            elif (
+                isinstance(obj, h5py.Dataset)
+                and _repackable(obj)
+                and path.split("/")[:2] not in ([OWN, "arrays"], [OWN, "layout"])
+            ):
+                datasets[path] = _repack(obj, dst, name, path, out, chooser)
+            else:
+                group.copy(obj, dst, name=name)
+
+    walk(src, out)
+    return {"kind": "hdf5", "libver": list(src.libver), "datasets": datasets}
+
+
+def _repack(
+    ds: h5py.Dataset, dst: h5py.Group, name: str, path: str, out: h5py.File, chooser: Chooser
+) -> dict[str, Any]:
+    def read(start: int, stop: int) -> np.ndarray:
+        return np.asarray(ds[start:stop])
+
+    entry = write_dataset(dst, name, path, read, ds.shape, ds.dtype, chooser)
+    copy_attrs(ds, dst[name])
+    # The twin: the original creation properties, never written, so taking no storage.
+    parent, _, leaf = f"{LAYOUT}/{path}".rpartition("/")
+    dcpl = dcpl_like(ds.id.get_create_plist(), True)
+    chunked = dcpl.get_layout() == h5py.h5d.CHUNKED
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_INCR if chunked else h5py.h5d.ALLOC_TIME_LATE)
+    _create(out.require_group(parent), leaf, ds.dtype, ds.shape, ds.maxshape, dcpl)
+    entry["alloc_time"] = ds.id.get_create_plist().get_alloc_time()
+    absent = _absent_chunks(ds)
+    if absent is not None:
+        entry["absent"] = absent
+    return entry
+
+
+def _pack_folder(inner: Source, out: h5py.File, chooser: Chooser) -> dict[str, Any]:
+    root = inner.path
+    leaf_files: dict[str, Key] = {}
+    entries: list[dict[str, Any]] = []
+    for key, leaf in inner.leaves.items():
+        if key[0] == OWN or any(p in ("", ".", "..") or "/" in p for p in key):
+            raise UsageError(
+                f"key {key_str(key)!r} cannot be an HDF5 dataset name", file=root, key=key_str(key)
+            )
+        if isinstance(leaf, FileLeaf) and leaf.shape:
+            rel = Path(leaf.path).relative_to(root).as_posix()
+            leaf_files[rel] = key
+            entries.append({"key": list(key), "kind": "data", "file": rel})
+        elif isinstance(leaf, torch.Tensor):
+            shape, dtype = list(leaf.shape), str(leaf.dtype).removeprefix("torch.")
+            entries.append({"key": list(key), "kind": "empty", "shape": shape, "dtype": dtype})
+        else:
+            entries.append({"key": list(key), "kind": "entry"})
+    files: list[str] = []
+    dirs: list[str] = []
+    datasets: dict[str, Any] = {}
+    for item in sorted(root.rglob("*")):
+        rel = item.relative_to(root).as_posix()
+        if item.is_symlink():
+            raise UsageError("--pack cannot keep a symbolic link", file=item)
+        if item.is_dir():
+            dirs.append(rel)
+        elif rel in leaf_files:
+            key = leaf_files[rel]
+            datasets[key_str(key)] = _pack_leaf(inner.leaves[key], key, out, chooser)
+        elif rel != SIDECAR:  # the manifest: the packed one holds it
+            _write_bytes(out, f"{FILES}/f{len(files)}", item.read_bytes())
+            files.append(rel)
+    return {"kind": "folder", "leaves": entries, "files": files, "dirs": dirs, "datasets": datasets}
+
+
+def _pack_leaf(leaf: FileLeaf, key: Key, out: h5py.File, chooser: Chooser) -> dict[str, Any]:
+    dtype = numpy_dtype(leaf.dtype)
+    parent, name = key[:-1], key[-1]
+    group = out.require_group(key_str(parent)) if parent else out
+
+    def read(start: int, stop: int) -> np.ndarray:
+        return _numpy(leaf.read(start, stop))
+
+    if 0 not in leaf.shape and math.prod(leaf.shape) * dtype.itemsize >= MIN_PACK_BYTES:
+        entry = write_dataset(group, name, key_str(key), read, leaf.shape, dtype, chooser)
+    else:  # too small to filter
+        group.create_dataset(name, data=read(0, leaf.shape[0]), track_times=False)
+        entry = {"filter": None}
+    if leaf.dtype == torch.bfloat16:
+        group[name].attrs[BF16_ATTR] = "bfloat16"
+    return entry
+
+
+def _write_bytes(out: h5py.File, path: str, data: bytes) -> None:
+    """An opaque byte dataset (non-tensor data to HDF5 readers), zstd-compressed when long."""
+    array = np.frombuffer(data, dtype=np.uint8).view(h5py.opaque_dtype(np.dtype("V1")))
+    if len(data) < MIN_PACK_BYTES:
+        out.create_dataset(path, data=array, track_times=False)
+        return
+    chunks = (min(len(data), 1 << 20),)
+    kwargs = FILTERS["zstd3"].kwargs()
+    out.create_dataset(path, data=array, chunks=chunks, track_times=False, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Unpacking
+
+
+def _safe_rel(rel: Any, file: Path) -> Path:
+    """A relative path from the manifest, refused if it would leave the output folder."""
+    parts = str(rel).split("/") if isinstance(rel, str) else []
+    if not parts or any(p in ("", ".", "..") or "\0" in p for p in parts):
+        raise InputError(
+            f"the packed file names an unsafe path ({rel!r})",
+            file=file,
+            hint="the packed file is damaged; restore it from a copy",
+        )
+    return Path(*parts)
+
+
+def unpack(packed: Source, manifest: Manifest, out: Path) -> None:
+    """Write the inner container of the opened packed file ``packed`` to ``out``."""
+    info = pack_info(packed.meta or {}, packed.path)
+    inner = inner_manifest(manifest, packed.path)
+    if info["kind"] == "folder":
+        _unpack_folder(packed, info, inner, out)
+    else:
+        _unpack_hdf5(packed, info, inner, out)
+
+
+def _copy_rows(leaf: Any, rows: int, write: Callable[[int, np.ndarray], None], step: int) -> None:
+    for start in range(0, rows, step):
+        write(start, _numpy(leaf.read(start, min(rows, start + step))))
+
+
+def _unpack_folder(packed: Source, info: dict[str, Any], inner: Manifest, out: Path) -> None:
+    f: h5py.File = packed.handle
+    out.mkdir()
+    for rel in info["dirs"]:
+        (out / _safe_rel(rel, packed.path)).mkdir(parents=True, exist_ok=True)
+    for i, rel in enumerate(info["files"]):
+        (out / _safe_rel(rel, packed.path)).write_bytes(file_bytes(f, i, packed.path))
+    for entry in info["leaves"]:
+        if entry.get("kind") != "data":
+            continue
+        leaf = packed.leaves[tuple(entry["key"])]
+        target = out / _safe_rel(entry.get("file"), packed.path)
+        row_bytes = max(1, math.prod(leaf.shape[1:]) * leaf.dtype.itemsize)
+        with target.open("wb") as fh:
+
+            def put(start: int, block: np.ndarray, fh: Any = fh) -> None:
+                fh.write(np.ascontiguousarray(block).tobytes())
+
+            _copy_rows(leaf, leaf.shape[0], put, max(1, BLOCK_BYTES // row_bytes))
+    write_sidecar(out, inner.to_json())
+
+
+def _unpack_hdf5(packed: Source, info: dict[str, Any], inner: Manifest, out: Path) -> None:
+    src: h5py.File = packed.handle
+    libver = info.get("libver")
+    with h5_output(out, tuple(libver) if isinstance(libver, list) else None) as f:
+        copy_attrs(src, f)
+        del f.attrs[META_ATTR]
+        _unpack_group(packed, src, f, info["datasets"])
+        if OWN in f and not len(f[OWN]):
+            del f[OWN]
+        write_meta(f, inner.to_json())
+
+
+def _unpack_group(
+    packed: Source, group: h5py.Group, dst: h5py.Group, datasets: dict[str, Any]
+) -> None:
+    for name, obj in group.items():
+        path = obj.name.lstrip("/")
+        if path in (PACK, MANIFEST):
+            continue
+        if isinstance(obj, h5py.Group):
+            _unpack_group(packed, obj, _group_like(obj, dst, name), datasets)
+        elif path in datasets:
+            _restore(packed, obj, dst, name, path, datasets[path])
+        else:
+            group.copy(obj, dst, name=name)
+
+
+def _restore(
+    packed: Source, ds: h5py.Dataset, dst: h5py.Group, name: str, path: str, entry: Any
+) -> None:
+    """Recreate a repacked dataset with its original creation properties and values."""
+    twin = packed.handle.get(f"{LAYOUT}/{path}")
+    if not isinstance(twin, h5py.Dataset) or twin.shape != ds.shape or twin.dtype != ds.dtype:
+        raise InputError(
+            f"the original layout of {path} is missing",
+            file=packed.path,
+            hint="the packed file is damaged; restore it from a copy",
+        )
+    dcpl = dcpl_like(twin.id.get_create_plist(), True)
+    if entry.get("alloc_time") in _ALLOC_TIMES:
+        dcpl.set_alloc_time(entry["alloc_time"])
+    new = _create(dst, name, twin.dtype, twin.shape, twin.maxshape, dcpl)
+    for attr in ds.attrs:
+        if attr != TRANSFORM_ATTR:
+            new.attrs.create(attr, ds.attrs[attr], dtype=ds.attrs.get_id(attr).dtype)
+    leaf = packed_leaf(ds, packed.path, COMMAND_CACHE_BYTES)
+    absent = entry.get("absent")
+    if absent == []:
+        return  # never written: no storage, as the original
+    if absent:
+        # Only the chunks the original had: a chunk never written stays unallocated.
+        skip = {tuple(o) for o in absent}
+        chunks = new.chunks or ()
+        grid = np.stack(
+            np.meshgrid(*[np.arange(0, n, c) for n, c in zip(new.shape, chunks, strict=True)]),
+            -1,
+        ).reshape(-1, new.ndim)
+        for o in grid:
+            if tuple(int(x) for x in o) in skip:
+                continue
+            sel = tuple(
+                slice(int(a), min(n, int(a) + c))
+                for a, n, c in zip(o, new.shape, chunks, strict=True)
+            )
+            new[sel] = _numpy(leaf.read(sel[0].start, sel[0].stop))[(slice(None), *sel[1:])]
+        return
+    per = new.chunks[0] if new.chunks else 1
+    row_bytes = max(1, math.prod(new.shape[1:]) * new.dtype.itemsize)
+    step = per * max(1, BLOCK_BYTES // max(1, per * row_bytes))
+
+    def put(start: int, block: np.ndarray) -> None:
+        new[start : start + len(block)] = block.view(new.dtype)
+
+    _copy_rows(leaf, new.shape[0], put, step)

@@ -1,0 +1,330 @@
+"""A packed file: one HDF5 file holding a compressed dataset of any container.
+
+``compress --pack`` writes it (:mod:`obsdelta_cli.formats.pack_io`). It mirrors the compressed
+dataset it was packed from, the *inner* container, whose name the manifest keeps as
+``source_format``:
+
+- every leaf is a dataset at its key's path (``next/delta/observation``, ``observations``,
+  ``data/demo_0/obs/agentview_image``), chunked along time and filtered with what measured
+  smallest (:mod:`obsdelta_cli.filters`); a uint8 image dataset may hold frame deltas (the
+  attribute ``obsdelta_transform`` says so; :class:`PackedLeaf` undoes them);
+- an HDF5 inner keeps its other objects as they were (groups, attributes, small, string and
+  obsdelta's own datasets), and the creation properties of every repacked dataset in an empty
+  twin under ``/obsdelta/pack/layout/<path>``, so ``inflate`` recreates each object as it was;
+- a folder inner keeps every other file (``meta.json`` files, replay-buffer metadata, pickles,
+  exception rows) as an opaque byte dataset under ``/obsdelta/pack/files/``, named by index;
+  the manifest's ``pack`` entry lists their paths.
+
+The manifest is the inner dataset's, with ``format`` ``packed-hdf5`` and a ``pack`` entry, so
+``verify``, ``report`` and ``open_dataset`` read a packed file like any compressed dataset.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+import xxhash
+
+from ..errors import InputError, UsageError
+from ..filters import FRAME_DELTA, undo_frame_delta
+from .base import SIDECAR, ArrayStore, Format, Key, Plan, Sink, Source, key_str
+from .hdf5 import is_hdf5, open_h5
+from .hdf5_leaves import OWN, H5Arrays, H5Leaf, leaves_of, read_rows, torch_dtype
+from .hdf5_meta import read_meta
+from .hdf5_objects import attrs_hash, hash_objects
+from .leaf import LazyLeaf
+
+NAME = "packed-hdf5"
+PACK = f"{OWN}/pack"
+#: Empty twins carrying each repacked dataset's original creation properties.
+LAYOUT = f"{PACK}/layout"
+#: Files of a folder inner, ``f0``, ``f1``, ... in the order the manifest lists them.
+FILES = f"{PACK}/files"
+#: Attribute naming the transform a dataset's values went through.
+TRANSFORM_ATTR = "obsdelta_transform"
+#: Chunk cache of a packed file opened for training (``open_dataset(cache_mb=...)``).
+DEFAULT_CACHE_BYTES = 256 << 20
+#: Chunk cache for the commands, which read each chunk once in order.
+COMMAND_CACHE_BYTES = 16 << 20
+
+
+def _damaged(file: Path, what: str) -> InputError:
+    return InputError(what, file=file, hint="the packed file is damaged; restore it from a copy")
+
+
+def pack_info(meta: dict[str, Any], file: Path) -> dict[str, Any]:
+    """The manifest's ``pack`` entry, its shape checked."""
+    info = meta.get("pack")
+    kinds = {"kind": str, "datasets": dict, "inner_hash": str}
+    if not isinstance(info, dict) or any(not isinstance(info.get(k), t) for k, t in kinds.items()):
+        raise _damaged(file, "obsdelta metadata field pack is missing or malformed")
+    if info["kind"] == "folder":
+        for name in ("files", "dirs", "leaves"):
+            if not isinstance(info.get(name), list):
+                raise _damaged(file, f"obsdelta metadata field pack.{name} is malformed")
+    elif info["kind"] != "hdf5":
+        raise _damaged(file, f"obsdelta metadata field pack.kind is unknown ({info['kind']!r})")
+    return info
+
+
+def is_packed(path: Path) -> bool:
+    """Whether ``path`` is a packed file (an HDF5 file whose manifest says so)."""
+    if not is_hdf5(path):
+        return False
+    try:
+        with h5py.File(path, "r") as f:
+            meta = read_meta(f, path)
+    except (OSError, ValueError, RuntimeError, KeyError, InputError):
+        return False  # not readable as one: detection reports it precisely
+    return meta is not None and meta.get("format") == NAME
+
+
+class PackedLeaf(LazyLeaf):
+    """A dataset holding frame deltas, read by whole chunks with the deltas undone; the last
+    chunks decoded are kept (up to ``cache_bytes``) for random access."""
+
+    def __init__(self, ds: h5py.Dataset, file: Path, cache_bytes: int) -> None:
+        self.ds, self.file = ds, file
+        self.shape = tuple(ds.shape)
+        self.dtype = torch.uint8
+        self.chunk_rows = ds.chunks[0] if ds.chunks else max(1, self.shape[0])
+        chunk_bytes = self.chunk_rows * math.prod(self.shape[1:])
+        self._room = max(1, cache_bytes // max(1, chunk_bytes))
+        self._decoded: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def _chunk(self, index: int) -> np.ndarray:
+        hit = self._decoded.get(index)
+        if hit is not None:
+            self._decoded.move_to_end(index)
+            return hit
+        start = index * self.chunk_rows
+        raw = read_rows(self.ds, slice(start, start + self.chunk_rows), self.file, "a chunk")
+        frames = undo_frame_delta(raw)
+        self._decoded[index] = frames
+        if len(self._decoded) > self._room:
+            self._decoded.popitem(last=False)
+        return frames
+
+    def read(self, start: int, stop: int) -> torch.Tensor:
+        stop = min(stop, self.shape[0])
+        if stop <= start:
+            return torch.empty((0, *self.shape[1:]), dtype=torch.uint8)
+        first, last = start // self.chunk_rows, (stop - 1) // self.chunk_rows
+        parts = [self._chunk(i) for i in range(first, last + 1)]
+        block = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        offset = first * self.chunk_rows
+        return torch.from_numpy(np.ascontiguousarray(block[start - offset : stop - offset]))
+
+    def select(self, rows: np.ndarray) -> torch.Tensor:
+        """Rows ``rows`` (sorted, distinct), decoding each chunk they touch once."""
+        out = np.empty((len(rows), *self.shape[1:]), dtype=np.uint8)
+        chunk_of = rows // self.chunk_rows
+        for index in np.unique(chunk_of):
+            mask = chunk_of == index
+            out[mask] = self._chunk(int(index))[rows[mask] - index * self.chunk_rows]
+        return torch.from_numpy(out)
+
+    def storage_bytes(self) -> int:
+        return int(self.ds.id.get_storage_size())
+
+    def write(self, start: int, value: torch.Tensor) -> None:
+        raise UsageError("a packed file is read-only", file=self.file)
+
+
+def packed_leaf(ds: h5py.Dataset, file: Path, cache_bytes: int) -> LazyLeaf:
+    """A packed dataset as a leaf, its transform undone as it is read."""
+    transform = ds.attrs.get(TRANSFORM_ATTR)
+    if transform is None:
+        return H5Leaf(ds, file)
+    if transform != FRAME_DELTA or ds.dtype != np.uint8:
+        raise _damaged(file, f"{ds.name} holds values transformed in an unknown way")
+    return PackedLeaf(ds, file, cache_bytes)
+
+
+class PackedFiles(ArrayStore):
+    """Exception rows of a folder inner: its ``obsdelta.arrays/<name>.bin`` files, kept in the
+    packed file as opaque byte datasets."""
+
+    def __init__(self, f: h5py.File, file: Path, index: dict[str, int]) -> None:
+        self.f, self.file, self.index = f, file, index
+
+    def _dataset(self, name: str) -> h5py.Dataset | None:
+        i = self.index.get(f"obsdelta.arrays/{name}.bin")
+        ds = None if i is None else self.f.get(f"{FILES}/f{i}")
+        return ds if isinstance(ds, h5py.Dataset) else None
+
+    def storage_bytes(self, name: str) -> int | None:
+        ds = self._dataset(name)
+        return None if ds is None else int(ds.id.get_storage_size())
+
+    def get(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> Any:
+        if math.prod(shape) == 0:
+            return torch.empty(shape, dtype=dtype)
+        ds = self._dataset(name)
+        expected = math.prod(shape) * dtype.itemsize
+        if ds is None or ds.shape != (expected,):
+            raise _damaged(self.file, f"array {name} is missing or not {expected} bytes long")
+        raw = read_rows(ds, slice(None), self.file, f"array {name}").view(np.uint8)
+        return torch.from_numpy(raw.copy()).view(dtype).reshape(shape)
+
+
+class Entry:
+    """A non-tensor entry of a folder inner (tensordict's ``NonTensorData``): its files are
+    among the packed files; it is never data."""
+
+    def __init__(self, key: Key) -> None:
+        self.key = key
+
+
+def file_bytes(f: h5py.File, index: int, file: Path) -> bytes:
+    """The bytes of packed file number ``index`` of a folder inner."""
+    ds = f.get(f"{FILES}/f{index}")
+    if not isinstance(ds, h5py.Dataset) or ds.ndim != 1:
+        raise _damaged(file, f"packed file f{index} is missing")
+    return read_rows(ds, slice(None), file, f"packed file f{index}").tobytes()
+
+
+class Packed(Format):
+    """A packed HDF5 file (``compress --pack``): read like the compressed dataset it holds."""
+
+    name = NAME
+    summary = "one packed HDF5 file written by compress --pack"
+    #: HDF5 chunk cache per opened dataset; :func:`obsdelta_cli.open_dataset` sets its own.
+    cache_bytes = COMMAND_CACHE_BYTES
+
+    @classmethod
+    def sniff(cls, path: Path) -> bool:
+        return is_packed(path)
+
+    def open(self, path: Path) -> Source:
+        f = open_h5(path)
+        try:
+            f.close()
+            # Reopened with the chunk cache asked for: training reads hit the same chunks often.
+            f = h5py.File(path, "r", rdcc_nbytes=self.cache_bytes, rdcc_nslots=100_003)
+            meta = read_meta(f, path)
+            if meta is None:
+                raise _damaged(path, "the packed file has no obsdelta metadata")
+            info = pack_info(meta, path)
+            batch_dims, valid = meta.get("batch_dims"), meta.get("valid_rows")
+            if not isinstance(batch_dims, int) or not (valid is None or isinstance(valid, int)):
+                raise _damaged(path, "obsdelta metadata field batch_dims is malformed")
+            if info["kind"] == "hdf5":
+                leaves = self._hdf5_leaves(f, path)
+                arrays: ArrayStore = H5Arrays(f, path)
+            else:
+                leaves = self._folder_leaves(f, path, info)
+                arrays = PackedFiles(f, path, {p: i for i, p in enumerate(info["files"])})
+        except (RuntimeError, OSError, KeyError, ValueError, TypeError) as exc:
+            f.close()
+            raise _damaged(path, f"cannot read the file's structure ({exc})") from None
+        except BaseException:
+            f.close()
+            raise
+        return Source(path, leaves, batch_dims, meta, valid, arrays=arrays, handle=f)
+
+    def _leaf(self, ds: h5py.Dataset, path: Path) -> LazyLeaf:
+        return packed_leaf(ds, path, self.cache_bytes)
+
+    def _hdf5_leaves(self, f: h5py.File, path: Path) -> dict[Key, Any]:
+        leaves = leaves_of(f, path)
+        return {k: self._leaf(v.ds, path) for k, v in leaves.items() if k[:2] != (OWN, "pack")}
+
+    def _folder_leaves(self, f: h5py.File, path: Path, info: dict[str, Any]) -> dict[Key, Any]:
+        leaves: dict[Key, Any] = {}
+        for entry in info["leaves"]:
+            key, kind = tuple(entry["key"]), entry["kind"]
+            if kind == "data":
+                ds = f.get(key_str(key))
+                if not isinstance(ds, h5py.Dataset) or torch_dtype(ds.dtype) is None:
+                    raise _damaged(path, f"leaf {key_str(key)} is missing")
+                leaves[key] = self._leaf(ds, path)
+            elif kind == "empty":
+                dtype = getattr(torch, str(entry["dtype"]), None)
+                if not isinstance(dtype, torch.dtype):
+                    raise _damaged(path, f"leaf {key_str(key)} has an unknown dtype")
+                leaves[key] = torch.empty([int(d) for d in entry["shape"]], dtype=dtype)
+            else:
+                leaves[key] = Entry(key)
+        return leaves
+
+    def close(self, source: Source) -> None:
+        source.handle.close()
+
+    def object_hashes(self, opened: Source | Sink, skip: Callable[[str], bool]) -> dict[str, str]:
+        """The inner container's objects, as the inner would hash them: a folder's files by
+        path; an HDF5 inner's objects as stored, where a repacked dataset counts as the one
+        recorded when its values hash as they did when it was packed."""
+        f: h5py.File = opened.handle
+        file = Path(f.filename)
+        meta = opened.meta if isinstance(opened, Source) else None
+        info = pack_info(meta or {}, file)
+        try:
+            if info["kind"] == "folder":
+                return _folder_hashes(f, file, info, skip)
+            return _hdf5_hashes(f, file, info, meta or {}, skip)
+        except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
+            raise _damaged(file, f"cannot read an object ({exc})") from None
+
+    def create(self, path: Path, source: Source, plan: Plan) -> Sink:
+        raise UsageError("a packed file is written by compress --pack", file=path)
+
+    def finish(self, path: Path, sink: Sink, meta: dict[str, Any] | None) -> None:
+        raise UsageError("a packed file is written by compress --pack", file=path)
+
+
+def _folder_hashes(
+    f: h5py.File, file: Path, info: dict[str, Any], skip: Callable[[str], bool]
+) -> dict[str, str]:
+    # The rule of formats.base.folder_hashes: leaves, the manifest and exception rows are
+    # checked on their own.
+    out: dict[str, str] = {}
+    for i, rel in enumerate(info["files"]):
+        head = rel.split("/")[0]
+        if head in (SIDECAR, "obsdelta.arrays") or rel.endswith(".memmap") or skip(rel):
+            continue
+        out[rel] = xxhash.xxh3_64_hexdigest(file_bytes(f, i, file))
+    return out
+
+
+def values_hash(ds: Any, rows: int, step: int) -> str:
+    """xxh3-64 of a dataset's values in row order, read ``step`` rows at a time."""
+    h = xxhash.xxh3_64()
+    for start in range(0, rows, step):
+        block = ds.read(start, min(rows, start + step))
+        h.update(block.contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _hdf5_hashes(
+    f: h5py.File,
+    file: Path,
+    info: dict[str, Any],
+    meta: dict[str, Any],
+    skip: Callable[[str], bool],
+) -> dict[str, str]:
+    repacked: dict[str, Any] = info["datasets"]
+    out = hash_objects(f, file, lambda n: n in repacked or skip(n))
+    recorded = meta.get("objects") or {}
+    for name, entry in repacked.items():
+        if skip(name):
+            continue
+        ds = f.get(name)
+        if not isinstance(ds, h5py.Dataset):
+            continue  # missing: the caller reports it
+        if any(a != TRANSFORM_ATTR for a in ds.attrs):  # the transform mark is the pack's own
+            out[f"@{name}"] = attrs_hash(ds, exclude=TRANSFORM_ATTR)
+        leaf = packed_leaf(ds, file, 0)
+        rows = ds.shape[0] if ds.ndim else 0
+        step = max(1, (4 << 20) // max(1, math.prod(ds.shape[1:]) * ds.dtype.itemsize))
+        found = values_hash(leaf, rows, step)
+        ok = found == entry.get("values")
+        out[name] = str(recorded.get(name)) if ok else f"values {found}"
+    return out

@@ -1,0 +1,269 @@
+"""``compress --pack``: one HDF5 file from every input format, read by plain h5py, trained
+from, verified, predicted by ``report --pack`` and inflated back to the original container."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDictBase
+
+from obsdelta_cli import compress, inflate, open_dataset, report, verify
+from obsdelta_cli.errors import DataError, ObsdeltaError
+from obsdelta_cli.formats import detect
+from obsdelta_cli.formats.packed import NAME, TRANSFORM_ATTR
+from obsdelta_cli.manifest import FORMAT_VERSION
+
+from .conftest import SAMPLE, Cli, tree_hash
+from .writers import write_memmap, write_ted_hdf5
+
+INPUTS = ["ted-memmap", "torchrl-rb", "d4rl-hdf5", "robomimic-hdf5", "ted-hdf5"]
+SAMPLES = {
+    "ted-memmap": "hopper_ted",
+    "torchrl-rb": "hopper_rb",
+    "d4rl-hdf5": "hopper_d4rl.hdf5",
+    "robomimic-hdf5": "hopper_robomimic.hdf5",
+}
+
+
+@pytest.fixture(params=INPUTS)
+def source(request: pytest.FixtureRequest, tmp_path: Path, hopper: TensorDictBase) -> Path:
+    """A real Hopper rollout in each input format --pack takes (copied: never written to)."""
+    name = request.param
+    if name == "ted-hdf5":
+        return write_ted_hdf5(hopper, tmp_path / "in")
+    src = SAMPLE / SAMPLES[name]
+    dst = tmp_path / src.name
+    if src.is_dir():
+        shutil.copytree(src, dst)
+    else:
+        shutil.copy2(src, dst)
+    return dst
+
+
+def h5_objects(path: Path) -> dict[str, object]:
+    """Every object of an HDF5 file as h5py describes it: group attributes; dataset values,
+    dtype, shape, maxshape, chunks, filters, fill value and attributes."""
+    out: dict[str, object] = {"/": sorted((k, repr(v)) for k, v in h5py.File(path).attrs.items())}
+    with h5py.File(path) as f:
+
+        def visit(name: str, obj: object) -> None:
+            attrs = sorted((k, repr(v)) for k, v in obj.attrs.items())  # type: ignore[attr-defined]
+            if isinstance(obj, h5py.Dataset):
+                dcpl = obj.id.get_create_plist()
+                filters = [dcpl.get_filter(i)[:3] for i in range(dcpl.get_nfilters())]
+                values = np.asarray(obj[()])
+                out[name] = (
+                    obj.dtype.str,
+                    obj.shape,
+                    obj.maxshape,
+                    obj.chunks,
+                    filters,
+                    repr(obj.fillvalue),
+                    attrs,
+                    values.tobytes() if values.dtype.kind != "O" else repr(values.tolist()),
+                )
+            else:
+                out[name] = ("group", attrs)
+
+        f.visititems(visit)
+    return out
+
+
+def same_container(a: Path, b: Path) -> None:
+    """Folders byte for byte; HDF5 files object for object."""
+    if a.is_dir():
+        assert tree_hash(a) == tree_hash(b)
+    else:
+        assert h5_objects(a) == h5_objects(b)
+
+
+@pytest.mark.parametrize("codec", ["auto", "fp16"])
+def test_pack_round_trip_gives_the_original_container(
+    source: Path, tmp_path: Path, codec: str
+) -> None:
+    packed = tmp_path / "packed.h5"
+    result = compress(source, packed, codec=codec, pack=True)
+    assert packed.is_file() and detect(packed).name == NAME
+    assert result.bytes_after == packed.stat().st_size < result.bytes_before
+    checked = verify(packed)
+    assert checked.format == NAME and [k.key for k in checked.keys] == [k.key for k in result.keys]
+    back = inflate(packed, tmp_path / f"back{source.suffix}")
+    assert back.format == NAME
+    # Lossless: the original itself. Lossy: what the same codec gives without --pack.
+    reference = source
+    if codec != "auto":
+        compress(source, tmp_path / f"small{source.suffix}", codec=codec)
+        reference = tmp_path / f"ref{source.suffix}"
+        inflate(tmp_path / f"small{source.suffix}", reference)
+    same_container(reference, tmp_path / f"back{source.suffix}")
+    # Nothing of the work is left beside the outputs.
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_packed_manifest_records_the_source_container(source: Path, tmp_path: Path) -> None:
+    compress(source, tmp_path / "p.h5", pack=True)
+    fmt = detect(tmp_path / "p.h5")
+    opened = fmt.open(tmp_path / "p.h5")
+    try:
+        meta = opened.meta or {}
+        assert meta["obsdelta_format"] == FORMAT_VERSION == 2
+        assert meta["format"] == NAME
+        assert meta["source_format"] == detect(source).name
+        assert meta["pack"]["datasets"]  # every large dataset got a measured filter
+        assert all(e["filter"] is None or e["values"] for e in meta["pack"]["datasets"].values())
+    finally:
+        fmt.close(opened)
+
+
+def test_plain_h5py_reads_every_dataset(source: Path, tmp_path: Path) -> None:
+    """A fresh interpreter with nothing but h5py and hdf5plugin reads every dataset."""
+    compress(source, tmp_path / "p.h5", pack=True)
+    script = (
+        "import sys, h5py, hdf5plugin\n"
+        "n = []\n"
+        "def visit(name, obj):\n"
+        "    if isinstance(obj, h5py.Dataset):\n"
+        "        obj[()]; n.append(name)\n"
+        "with h5py.File(sys.argv[1]) as f:\n"
+        "    f.visititems(visit)\n"
+        "    chunked = [k for k in n if f[k].chunks and f[k].compression]\n"
+        "print(len(n), len(chunked))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "p.h5")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    total, filtered = map(int, out.stdout.split())
+    assert total > 0 and filtered > 0
+
+
+def test_open_dataset_trains_from_a_packed_file(source: Path, tmp_path: Path) -> None:
+    compress(source, tmp_path / "p.h5", pack=True)
+    plain, packed = open_dataset(source), open_dataset(tmp_path / "p.h5", cache_mb=1)
+    assert len(plain) == len(packed)
+    idx = torch.randperm(len(plain), generator=torch.Generator().manual_seed(0))[:300]
+    want, got = plain[idx], packed[idx]
+    assert set(want.keys(True, True)) == set(got.keys(True, True))
+    for key in want.keys(True, True):
+        assert torch.equal(want[key], got[key]), key
+
+
+def test_report_pack_predicts_the_packed_size(source: Path, tmp_path: Path) -> None:
+    predicted = report(source, pack=True).bytes_after
+    actual = compress(source, tmp_path / "p.h5", pack=True).bytes_after
+    assert abs(predicted - actual) <= 0.05 * actual, (predicted, actual)
+
+
+def test_verify_catches_a_changed_value(source: Path, tmp_path: Path) -> None:
+    packed = tmp_path / "p.h5"
+    compress(source, packed, pack=True)
+    with h5py.File(packed, "r") as f:
+        name = sorted(_datasets(f))[0]
+    with h5py.File(packed, "r+") as f:
+        ds = f[name]
+        row = ds[0]
+        ds[0] = row + 1 if row.dtype.kind != "b" else ~row
+    with pytest.raises(DataError, match="checksum mismatch"):
+        verify(packed)
+    with pytest.raises(ObsdeltaError):
+        inflate(packed, tmp_path / f"back{source.suffix}")
+    assert not (tmp_path / f"back{source.suffix}").exists()
+
+
+def _datasets(f: h5py.File) -> list[str]:
+    """Numeric, filtered datasets of rows (the ones --pack rewrote)."""
+    out: list[str] = []
+
+    def visit(name: str, obj: object) -> None:
+        numeric = isinstance(obj, h5py.Dataset) and obj.dtype.kind in "fiu" and obj.ndim >= 1
+        if numeric and obj.compression and not name.startswith("obsdelta/"):  # type: ignore[attr-defined]
+            out.append(name)
+
+    f.visititems(visit)
+    return out
+
+
+def test_torchrl_rebuilds_a_packed_ted(tmp_path: Path, hopper: TensorDictBase) -> None:
+    """A packed TED with fp16 deltas opens with PersistentTensorDict.from_h5, and TorchRL's
+    NextObservationDelta rebuilds the next observations within the reported error."""
+    from tensordict import PersistentTensorDict
+
+    from .test_torchrl_interop import _sample_all
+
+    src = write_memmap(hopper, tmp_path / "in")
+    (key,) = compress(src, tmp_path / "p.h5", codec="fp16", pack=True).keys
+    opened = PersistentTensorDict.from_h5(tmp_path / "p.h5", batch_size=[hopper.shape[0]])
+    local = opened.to_tensordict().exclude("obsdelta")
+    opened.close()
+    batch = _sample_all(local, [("observation",)], tmp_path / "scratch")
+    index = batch["index"]
+    err = (batch["next", "observation"] - hopper["next", "observation"][index]).abs().amax(-1)
+    assert key.exception_rows == 0
+    assert 0 < float(err.max()) <= key.max_abs_error
+
+
+def test_frames_are_stored_as_frame_deltas(tmp_path: Path, pong: TensorDictBase) -> None:
+    """uint8 frames: the filter choice can store temporal deltas; every read undoes them."""
+    # A noisy background whose pixels drift one step at a time: deltas are small, while the
+    # frames themselves never repeat (600 frames: more than one chunk).
+    gen = torch.Generator().manual_seed(0)
+    steps = torch.randint(-1, 2, (600, 1, 53, 40), generator=gen) * (
+        torch.rand(600, 1, 53, 40, generator=gen) < 0.3
+    )
+    pixels = (torch.randint(0, 256, (1, 1, 53, 40), generator=gen) + steps.cumsum(0)) % 256
+    pixels = pixels.to(torch.uint8)
+    frames = pong.clone()
+    frames = torch.cat([frames] * 3)
+    frames["pixels"] = pixels
+    frames["next", "pixels"] = torch.cat([pixels[1:], pixels[-1:]])
+    src = write_memmap(frames, tmp_path / "in")
+    packed = tmp_path / "p.h5"
+    compress(src, packed, pack=True)
+    with h5py.File(packed) as f:
+        assert f["pixels"].attrs.get(TRANSFORM_ATTR) == "frame-delta"
+        assert f["pixels"].chunks[0] < f["pixels"].shape[0]
+    data = open_dataset(packed, cache_mb=0)
+    idx = torch.tensor([0, 5, 300, 301, 599])
+    assert torch.equal(data[idx]["pixels"], frames["pixels"][idx])
+    assert torch.equal(data[idx]["next", "pixels"], frames["next", "pixels"][idx])
+    verify(packed)
+    inflate(packed, tmp_path / "back")
+    assert tree_hash(src) == tree_hash(tmp_path / "back")
+
+
+def test_cli_pack_and_report_pack(cli: Cli, tmp_path: Path) -> None:
+    src = SAMPLE / "hopper_d4rl.hdf5"
+    out = tmp_path / "p.h5"
+    cli("compress", src, "-o", out, "--pack", "--quiet")
+    assert detect(out).name == NAME
+    shown = cli("report", src, "--pack", "--json").stdout
+    assert '"note": "--pack' in shown
+    cli("verify", out, "--quiet")
+    cli("inflate", out, "-o", tmp_path / "back.hdf5", "--quiet")
+    assert h5_objects(src) == h5_objects(tmp_path / "back.hdf5")
+
+
+def test_pack_refuses_a_pt_input_in_one_line(cli: Cli, tmp_path: Path) -> None:
+    result = cli(
+        "compress", SAMPLE / "halfcheetah_ted.pt", "-o", tmp_path / "p.h5", "--pack", code=2
+    )
+    assert "--pack does not take ted-pt" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "p.h5").exists()
+
+
+def test_pack_refuses_an_existing_output(cli: Cli, tmp_path: Path) -> None:
+    out = tmp_path / "p.h5"
+    out.write_bytes(b"keep me")
+    result = cli("compress", SAMPLE / "hopper_ted", "-o", out, "--pack", code=1)
+    assert "already exists" in result.stderr
+    assert out.read_bytes() == b"keep me"
