@@ -73,8 +73,12 @@ def zstd(src: Path, level: list[str]) -> tuple[int, float]:
     """Bytes and seconds of ``tar | zstd`` (or ``zstd`` on a file)."""
     start = time.perf_counter()
     if src.is_dir():
-        tar = subprocess.Popen(["tar", "-C", str(src.parent), "-cf", "-", src.name], stdout=subprocess.PIPE)
-        out = subprocess.run(["zstd", *level, "-c"], stdin=tar.stdout, capture_output=True, check=True)
+        tar = subprocess.Popen(
+            ["tar", "-C", str(src.parent), "-cf", "-", src.name], stdout=subprocess.PIPE
+        )
+        out = subprocess.run(
+            ["zstd", *level, "-c"], stdin=tar.stdout, capture_output=True, check=True
+        )
         tar.wait()
     else:
         out = subprocess.run(["zstd", *level, "-c", str(src)], capture_output=True, check=True)
