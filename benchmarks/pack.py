@@ -114,7 +114,8 @@ def main() -> None:
             z3, z3_s = zstd(src, ["-3", "-T1"])
             z19, z19_s = zstd(src, ["-19", "--long=27", "-T1"])
             print(
-                f"| {name} | {raw / 1e6:.1f} MB | {raw / result.bytes_after:.2f}x, {packed_s:.1f} s "
+                f"| {name} | {raw / 1e6:.1f} MB "
+                f"| {raw / result.bytes_after:.2f}x, {packed_s:.1f} s "
                 f"| {raw / z3:.2f}x, {z3_s:.1f} s | {raw / z19:.2f}x, {z19_s:.1f} s |"
             )
     finally:
