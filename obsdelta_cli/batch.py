@@ -18,7 +18,7 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
-from . import interrupts, readahead
+from . import interrupts
 from .errors import ObsdeltaError, UsageError
 from .interrupts import Terminated
 from .report import DatasetResult
@@ -64,7 +64,6 @@ def run_job(job: Job) -> Outcome:
     """Run a job, turning an expected failure into an :class:`Outcome` (never raising one)."""
     start = time.perf_counter()
     args: tuple[Path, ...] = (job.input,) if job.output is None else (job.input, job.output)
-    readahead.start([job.input])  # the disk reads while torch is imported and the work starts
     try:
         result = command(job.command)(*args, **job.options)
     except ObsdeltaError as exc:
@@ -152,7 +151,17 @@ def _stop(pool: ProcessPoolExecutor) -> None:
 
 
 def _input_bytes(job: Job) -> int:
-    return sum(size for _, size in readahead.files(job.input))
+    """Bytes of a job's input (a file, or the files under a folder); links not followed."""
+    path = job.input
+    if path.is_symlink() or not path.exists():
+        return 0
+    if not path.is_dir():
+        return path.stat().st_size
+    return sum(
+        os.lstat(os.path.join(root, name)).st_size
+        for root, _, names in os.walk(path)
+        for name in names
+    )
 
 
 def run_all(

@@ -5,13 +5,14 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import random
 from pathlib import Path
 
 import pytest
 import torch
 from tensordict import TensorDictBase
 
-from obsdelta_cli.stream import BLOCK_BYTES, Geometry, slices
+from obsdelta_cli.stream import BLOCK_BYTES, Geometry, slices, window
 
 from .conftest import Cli, tree_hash
 from .writers import WRITERS
@@ -105,3 +106,24 @@ def test_successors_along_the_time_dimension() -> None:
     assert g.has_successor(torch.arange(6)).tolist() == [True] * 3 + [False] * 3
     g = Geometry.of([4], time_dim=0, valid_rows=3)  # a replay buffer with len 3
     assert g.has_successor(torch.arange(4)).tolist() == [True, True, False, False]
+
+
+def test_rows_without_successor_and_windows_agree_with_the_row_rule() -> None:
+    # window() finds the rows without a successor arithmetically; has_successor is the rule.
+    rng = random.Random(0)
+    for _ in range(2000):
+        dims = rng.choice([1, 2, 3])
+        batch = [rng.randint(1, 7) for _ in range(dims)]
+        time_dim = rng.randrange(dims)
+        valid = rng.choice([None, rng.randint(0, batch[0])])
+        g = Geometry.of(batch, time_dim, valid)
+        a = rng.randint(0, g.total)
+        b = rng.randint(a, g.total)
+        rows = torch.arange(a, b)
+        has = g.has_successor(rows)
+        assert torch.equal(g.without_successor(a, b), (~has).nonzero().flatten())
+        obs = torch.randn(g.total, 3)
+        chunk, successor = window(obs, slice(a, b), g)
+        expected = obs[a:b].clone()
+        expected[has] = obs[rows[has] + g.step]
+        assert torch.equal(chunk, obs[a:b]) and torch.equal(successor, expected)
