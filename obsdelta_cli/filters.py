@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import h5py
-import hdf5plugin
 import numpy as np
+
+from .errors import UsageError
 
 #: Raw bytes per chunk: large enough for zstd to find repeats across many rows (frames), small
 #: enough that a random row costs one cheap chunk read.
@@ -47,21 +48,35 @@ class Filter:
     transform: str | None = None
 
 
+def plugins() -> Any:
+    """``hdf5plugin``, imported on first use: it registers the filters with HDF5 (writing or
+    reading a packed file needs it) and takes a quarter of a second to import."""
+    try:
+        import hdf5plugin
+    except ImportError:
+        raise UsageError(
+            "packed files need hdf5plugin", hint="pip install 'obsdelta[hdf5plugin]'"
+        ) from None
+    return hdf5plugin
+
+
+#: Blosc2's shuffle filters (``hdf5plugin.Blosc2.SHUFFLE`` and ``BITSHUFFLE``).
+SHUFFLE, BITSHUFFLE = 1, 2
+
+
 def _blosc2(shuffle: int) -> Callable[[], dict[str, Any]]:
     # zstd at level 1 inside Blosc2: byte or bit shuffle first, blocks compressed on both cores.
-    return lambda: dict(hdf5plugin.Blosc2(cname="zstd", clevel=1, filters=shuffle))
+    return lambda: dict(plugins().Blosc2(cname="zstd", clevel=1, filters=shuffle))
 
 
 def _zstd() -> dict[str, Any]:
     # One zstd frame per chunk: matches reach across the whole chunk (repeated frames).
-    return dict(hdf5plugin.Zstd(clevel=3))
+    return dict(plugins().Zstd(clevel=3))
 
 
 FILTERS: dict[str, Filter] = {
-    "blosc2-shuffle-zstd1": Filter("blosc2-shuffle-zstd1", _blosc2(hdf5plugin.Blosc2.SHUFFLE), 2),
-    "blosc2-bitshuffle-zstd1": Filter(
-        "blosc2-bitshuffle-zstd1", _blosc2(hdf5plugin.Blosc2.BITSHUFFLE)
-    ),
+    "blosc2-shuffle-zstd1": Filter("blosc2-shuffle-zstd1", _blosc2(SHUFFLE), 2),
+    "blosc2-bitshuffle-zstd1": Filter("blosc2-bitshuffle-zstd1", _blosc2(BITSHUFFLE)),
     "zstd3": Filter("zstd3", _zstd),
     "frame-delta-zstd3": Filter("frame-delta-zstd3", _zstd, transform=FRAME_DELTA),
 }

@@ -33,7 +33,7 @@ import torch
 import xxhash
 
 from ..errors import InputError, UsageError
-from ..filters import FRAME_DELTA, undo_frame_delta
+from ..filters import FRAME_DELTA, plugins, undo_frame_delta
 from .base import SIDECAR, ArrayStore, Format, Key, Plan, Sink, Source, key_str
 from .hdf5 import is_hdf5, open_h5
 from .hdf5_leaves import OWN, H5Arrays, H5Leaf, leaves_of, read_rows, torch_dtype
@@ -204,6 +204,7 @@ class Packed(Format):
         return is_packed(path)
 
     def open(self, path: Path) -> Source:
+        plugins()  # the filters must be registered before a dataset is read
         f = open_h5(path)
         try:
             f.close()
