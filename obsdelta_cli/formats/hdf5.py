@@ -99,7 +99,7 @@ def dcpl_like(src: h5py.h5p.PropDCID, same_dtype: bool) -> h5py.h5p.PropDCID:
     return new
 
 
-def _create(
+def create_dataset(
     group: h5py.Group,
     name: str,
     dtype: np.dtype,
@@ -217,21 +217,9 @@ class HDF5Format(Format):
 
     def create(self, path: Path, source: Source, plan: Plan) -> Sink:
         src: h5py.File = source.handle
-        try:
-            out = h5py.File(path, "w", libver=src.libver)
-            _OUTPUT_FDS[id(out)] = int(out.id.get_vfd_handle())
-        except OSError as exc:
-            raise write_error(path, exc) from None
-        try:
+        out = new_output(path, src.libver)
+        with closed_on_failure(out, path):
             return self._fill_structure(src, out, path, source, plan)
-        except (OSError, RuntimeError) as exc:
-            _close_quietly(out)
-            if isinstance(exc, RuntimeError) and "write failed" not in str(exc):
-                raise
-            raise write_error(path, exc) from None
-        except BaseException:
-            _close_quietly(out)
-            raise
 
     def _fill_structure(
         self, src: h5py.File, out: h5py.File, path: Path, source: Source, plan: Plan
@@ -276,7 +264,7 @@ class HDF5Format(Format):
             original = src[key_str(spec.replaces)]
             if kwargs is None:
                 dcpl = dcpl_like(original.id.get_create_plist(), original.dtype == dtype)
-                ds = _create(group, name, dtype, spec.shape, original.maxshape, dcpl)
+                ds = create_dataset(group, name, dtype, spec.shape, original.maxshape, dcpl)
             else:
                 # Chunks of whole rows: a filter then sees each row's values together.
                 rows = original.chunks[0] if original.chunks else None
@@ -292,9 +280,9 @@ class HDF5Format(Format):
                 recorded = layouts.get(path) or {}
                 maxshape = tuple(recorded.get("maxshape") or spec.shape)
                 dcpl = dcpl_like(layout.id.get_create_plist(), True)
-                if recorded.get("alloc_time") in _ALLOC_TIMES:
+                if recorded.get("alloc_time") in ALLOC_TIMES:
                     dcpl.set_alloc_time(recorded["alloc_time"])
-                ds = _create(group, name, layout.dtype, spec.shape, maxshape, dcpl)
+                ds = create_dataset(group, name, layout.dtype, spec.shape, maxshape, dcpl)
                 copy_attrs(layout, ds)
         if spec.dtype == torch.bfloat16:
             ds.attrs[BF16_ATTR] = "bfloat16"
@@ -305,21 +293,48 @@ class HDF5Format(Format):
 
     def finish(self, path: Path, sink: Sink, meta: dict[str, Any] | None) -> None:
         out = sink.handle
-        try:
+        with closed_on_failure(out, path):
             if meta is not None:
                 write_meta(out, meta)
-            out.flush()
-            out.close()
-            _OUTPUT_FDS.pop(id(out), None)
-        except (OSError, RuntimeError) as exc:
-            _close_quietly(out)
-            if isinstance(exc, RuntimeError) and "write failed" not in str(exc):
-                raise
-            raise write_error(path, exc) from None
+            finish_output(out)
 
 
 #: The file descriptor of each output being written, by ``id`` of its h5py file.
 _OUTPUT_FDS: dict[int, int] = {}
+
+
+def new_output(path: Path, libver: Any) -> h5py.File:
+    """A new HDF5 output file, registered so that a failed write can close it safely; a
+    failure to create it is one :class:`OutputError`."""
+    try:
+        out = h5py.File(path, "w", libver=libver)
+        _OUTPUT_FDS[id(out)] = int(out.id.get_vfd_handle())
+    except (OSError, ValueError) as exc:
+        raise write_error(path, exc) from None
+    return out
+
+
+def finish_output(out: h5py.File) -> None:
+    """Flush and close an output made by :func:`new_output`."""
+    out.flush()
+    out.close()
+    _OUTPUT_FDS.pop(id(out), None)
+
+
+@contextlib.contextmanager
+def closed_on_failure(out: h5py.File, path: Path) -> Iterator[None]:
+    """Close ``out`` quietly if the block fails; a failed write becomes one
+    :class:`OutputError` (the caller deletes the file)."""
+    try:
+        yield
+    except (OSError, RuntimeError) as exc:
+        _close_quietly(out)
+        if isinstance(exc, RuntimeError) and "write failed" not in str(exc):
+            raise
+        raise write_error(path, exc) from None
+    except BaseException:
+        _close_quietly(out)
+        raise
 
 
 def _close_quietly(f: h5py.File) -> None:
@@ -380,12 +395,12 @@ def _keep_layout(out: h5py.File, original: h5py.Dataset) -> None:
     dcpl = dcpl_like(original.id.get_create_plist(), True)
     chunked = dcpl.get_layout() == h5py.h5d.CHUNKED
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_INCR if chunked else h5py.h5d.ALLOC_TIME_LATE)
-    layout = _create(group, name, original.dtype, original.shape, original.maxshape, dcpl)
+    layout = create_dataset(group, name, original.dtype, original.shape, original.maxshape, dcpl)
     copy_attrs(original, layout)
 
 
 #: Allocation times HDF5 knows (a recorded one is restored on inflate).
-_ALLOC_TIMES = (h5py.h5d.ALLOC_TIME_EARLY, h5py.h5d.ALLOC_TIME_LATE, h5py.h5d.ALLOC_TIME_INCR)
+ALLOC_TIMES = (h5py.h5d.ALLOC_TIME_EARLY, h5py.h5d.ALLOC_TIME_LATE, h5py.h5d.ALLOC_TIME_INCR)
 
 
 def _copy_tree(src: h5py.Group, dst: h5py.Group, dropped: set[str]) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import xxhash
 
-from ..errors import InputError, UsageError, write_error
+from ..errors import InputError, UsageError
 from ..filters import (
     FILTERS,
     MIN_PACK_BYTES,
@@ -36,7 +36,15 @@ from ..filters import (
 )
 from ..manifest import Manifest
 from .base import SIDECAR, Key, Source, key_str, write_sidecar
-from .hdf5 import _ALLOC_TIMES, _OUTPUT_FDS, _close_quietly, _create, copy_attrs, dcpl_like
+from .hdf5 import (
+    ALLOC_TIMES,
+    closed_on_failure,
+    copy_attrs,
+    create_dataset,
+    dcpl_like,
+    finish_output,
+    new_output,
+)
 from .hdf5_leaves import BF16_ATTR, META_ATTR, OWN, numpy_dtype, torch_dtype
 from .hdf5_meta import MANIFEST, write_meta
 from .leaf import FileLeaf
@@ -173,24 +181,10 @@ def pack(inner: Source, inner_name: str, manifest: Manifest, out: Path, chooser:
 def h5_output(path: Path, libver: Any) -> Iterator[h5py.File]:
     """A new HDF5 file, flushed and closed at the end; a failed write is one
     :class:`OutputError`, and the file is left for the caller to delete."""
-    try:
-        f = h5py.File(path, "w", libver=libver)
-        _OUTPUT_FDS[id(f)] = int(f.id.get_vfd_handle())
-    except (OSError, ValueError) as exc:
-        raise write_error(path, exc) from None
-    try:
+    f = new_output(path, libver)
+    with closed_on_failure(f, path):
         yield f
-        f.flush()
-        f.close()
-        _OUTPUT_FDS.pop(id(f), None)
-    except (OSError, RuntimeError) as exc:
-        _close_quietly(f)
-        if isinstance(exc, RuntimeError) and "write failed" not in str(exc):
-            raise
-        raise write_error(path, exc) from None
-    except BaseException:
-        _close_quietly(f)
-        raise
+        finish_output(f)
 
 
 def _group_like(src: h5py.Group, dst: h5py.Group, name: str) -> h5py.Group:
@@ -273,7 +267,7 @@ def _repack(
     dcpl = dcpl_like(ds.id.get_create_plist(), True)
     chunked = dcpl.get_layout() == h5py.h5d.CHUNKED
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_INCR if chunked else h5py.h5d.ALLOC_TIME_LATE)
-    _create(out.require_group(parent), leaf, ds.dtype, ds.shape, ds.maxshape, dcpl)
+    create_dataset(out.require_group(parent), leaf, ds.dtype, ds.shape, ds.maxshape, dcpl)
     entry["alloc_time"] = ds.id.get_create_plist().get_alloc_time()
     absent = _absent_chunks(ds)
     if absent is not None:
@@ -438,9 +432,9 @@ def _restore(
             hint="the packed file is damaged; restore it from a copy",
         )
     dcpl = dcpl_like(twin.id.get_create_plist(), True)
-    if entry.get("alloc_time") in _ALLOC_TIMES:
+    if entry.get("alloc_time") in ALLOC_TIMES:
         dcpl.set_alloc_time(entry["alloc_time"])
-    new = _create(dst, name, twin.dtype, twin.shape, twin.maxshape, dcpl)
+    new = create_dataset(dst, name, twin.dtype, twin.shape, twin.maxshape, dcpl)
     for attr in ds.attrs:
         if attr != TRANSFORM_ATTR:
             new.attrs.create(attr, ds.attrs[attr], dtype=ds.attrs.get_id(attr).dtype)
