@@ -14,16 +14,20 @@ are taken per block, and outputs and figures come out the same whatever the chun
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from .checksum import Hasher
 from .formats.leaf import FlatRows, as_rows, is_data
 from .progress import current
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 #: Bytes of one block of rows (at least one row): the unit error sums and chunks are cut in.
 BLOCK_BYTES = 1 << 12
@@ -120,6 +124,74 @@ def window(obs: Any, sl: slice, geometry: Geometry) -> tuple[torch.Tensor, torch
     return chunk, successor
 
 
+def ahead(items: Iterable[T], load: Callable[[T], R]) -> Iterator[tuple[T, R]]:
+    """``(item, load(item))`` in order, the next item loading in a thread while the caller
+    works on this one: reads (``preadv`` and torch release the GIL) overlap encoding, hashing
+    and writing instead of waiting for them. At most two loads are held at once.
+
+    >>> [r for _, r in ahead(range(3), lambda i: i * i)]
+    [0, 1, 4]
+    """
+    # torch's thread count is per OS thread: the loader works with the caller's.
+    pool = ThreadPoolExecutor(
+        1, "obsdelta-read", initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),)
+    )
+    try:
+        pending: tuple[T, Future[R]] | None = None
+        for item in items:
+            submitted = (item, pool.submit(load, item))
+            if pending is not None:
+                yield pending[0], pending[1].result()
+            pending = submitted
+        if pending is not None:
+            yield pending[0], pending[1].result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+class Behind:
+    """Writes run in order in one thread while the caller goes on to the next chunk, at most
+    ``depth`` waiting; :meth:`wait` (or leaving the ``with`` block) waits for all of them and
+    raises the first error. One thread, so the container sees the writes in program order
+    and writes the same file.
+
+    >>> out = []
+    >>> with Behind() as later:
+    ...     later(out.append, 1); later(out.append, 2)
+    >>> out
+    [1, 2]
+    """
+
+    def __init__(self, depth: int = 2) -> None:
+        self.depth = depth
+        self.pending: list[Future[Any]] = []
+        self.pool = ThreadPoolExecutor(
+            1,
+            "obsdelta-write",
+            initializer=torch.set_num_threads,
+            initargs=(torch.get_num_threads(),),
+        )
+
+    def __call__(self, write: Callable[..., Any], *args: Any) -> None:
+        self.pending.append(self.pool.submit(write, *args))
+        while len(self.pending) > self.depth:
+            self.pending.pop(0).result()
+
+    def wait(self) -> None:
+        while self.pending:
+            self.pending.pop(0).result()
+
+    def __enter__(self) -> Behind:
+        return self
+
+    def __exit__(self, kind: object, *rest: object) -> None:
+        try:
+            if kind is None:
+                self.wait()
+        finally:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
 @dataclass(frozen=True)
 class Stream:
     """How one command moves rows: batch dims, time, valid rows and the chunk budget."""
@@ -146,15 +218,18 @@ class Stream:
         if not is_data(src):
             return None
         hasher = Hasher(algorithm)
+        feed = getattr(src, "feed", None)
+        if dst is None and feed is not None and feed(hasher.update):
+            return hasher.hex
         src = self.flat(src)
         dst = None if dst is None else self.flat(dst)
         align = src.per_first if isinstance(src, FlatRows) else 1
         leaves = [src] if dst is None else [src, dst]
-        for sl in self.chunks(leaves, src.shape[0], align):
-            chunk = src[sl]
-            hasher.update(chunk)
-            if dst is not None:
-                dst[sl] = chunk
+        with Behind() as later:
+            for sl, chunk in ahead(self.chunks(leaves, src.shape[0], align), src.__getitem__):
+                hasher.update(chunk)
+                if dst is not None:
+                    later(dst.__setitem__, sl, chunk)
         return hasher.hex
 
 

@@ -128,3 +128,27 @@ def test_a_hostile_pickle_is_never_loaded(tmp_path: Path) -> None:
     with contextlib.suppress(Exception):
         TensorDict.load_memmap(src)
     assert marker.exists()
+
+
+def test_a_leaf_fed_through_mapped_windows_gives_the_bytes_reads_give(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from obsdelta_cli.checksum import Hasher
+    from obsdelta_cli.formats import leaf
+
+    monkeypatch.setattr(leaf, "_WINDOW", mmap_page := 4096)  # several windows, one partial
+    values = torch.arange(5000, dtype=torch.float32).reshape(1000, 5)
+    path = tmp_path / "x.memmap"
+    path.write_bytes(values.numpy().tobytes())
+    f = leaf.FileLeaf(path, torch.float32, (1000, 5), writable=True)
+    fed, read = Hasher(), Hasher()
+    assert f.feed(fed.update)
+    read.update(f.read(0, 1000))
+    assert fed.hex == read.hex and len(path.read_bytes()) > 4 * mmap_page
+    f.write(10, torch.zeros(3, 5))  # written, and handed to the kernel's write-back
+    assert torch.equal(f.read(10, 13), torch.zeros(3, 5))
+    os.truncate(path, 4000)  # shorter than the leaf: nothing is mapped past the end
+    assert f.feed(fed.update) is False
+    with pytest.raises(OSError, match="unexpected end of file"):
+        f.read(0, 1000)
+    f.close()

@@ -6,13 +6,14 @@ import hashlib
 import itertools
 import json
 import random
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 from tensordict import TensorDictBase
 
-from obsdelta_cli.stream import BLOCK_BYTES, Geometry, slices, window
+from obsdelta_cli.stream import BLOCK_BYTES, Behind, Geometry, ahead, slices, window
 
 from .conftest import Cli, tree_hash
 from .writers import WRITERS
@@ -127,3 +128,55 @@ def test_rows_without_successor_and_windows_agree_with_the_row_rule() -> None:
         expected = obs[a:b].clone()
         expected[has] = obs[rows[has] + g.step]
         assert torch.equal(chunk, obs[a:b]) and torch.equal(successor, expected)
+
+
+def test_ahead_keeps_order_and_loads_at_most_one_item_ahead() -> None:
+    loaded: list[int] = []
+    seen = []
+    for item, value in ahead(range(6), lambda i: loaded.append(i) or i * 10):
+        seen.append((item, value))
+        # While the caller holds item i, at most item i + 1 has been loaded.
+        assert max(loaded) <= item + 1
+    assert seen == [(i, i * 10) for i in range(6)]
+    assert list(ahead([], lambda i: i)) == []
+
+
+def test_ahead_raises_the_loaders_error_at_its_item() -> None:
+    def load(i: int) -> int:
+        if i == 3:
+            raise OSError("disk gone")
+        return i
+
+    got = []
+    with pytest.raises(OSError, match="disk gone"):
+        for item, _ in ahead(range(6), load):
+            got.append(item)
+    assert got == [0, 1, 2]
+
+
+def test_behind_writes_in_order_and_bounds_what_waits() -> None:
+    done: list[int] = []
+    gate = threading.Event()
+
+    def write(i: int) -> None:
+        gate.wait(5)
+        done.append(i)
+
+    later = Behind(depth=2)
+    with later:
+        later(write, 0)
+        later(write, 1)
+        assert len(later.pending) == 2  # the third call must wait for the first
+        gate.set()
+        for i in range(2, 8):
+            later(write, i)
+            assert len(later.pending) <= 2
+    assert done == list(range(8))
+
+
+def test_behind_raises_a_failed_write() -> None:
+    def fail() -> None:
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space"), Behind() as later:
+        later(fail)

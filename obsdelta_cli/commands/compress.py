@@ -26,7 +26,7 @@ from ..manifest import HASH_ALGORITHM, ArrayNames, Error, KeyRecord, Manifest
 from ..report import Candidate, DatasetResult, KeyResult
 from ..selection import KeyGroup, candidates, check_time_dim, dtype_name, select_pairs
 from ..stats import ErrorStats
-from ..stream import Stream
+from ..stream import Behind, Stream
 from .common import DEFAULT_CHUNK_MB, check_bound, one_thread, open_input, stream_for, write
 from .encode import Pieces, encode_pair, measure_pair
 from .verify import object_skip, verify_written
@@ -298,18 +298,22 @@ def _writer(
                 continue
             total = ErrorStats()
             shared = (f"k{len(results)}.index", f"k{len(results)}.rows")
-            pieces = (Pieces(sink.arrays, shared[0]), Pieces(sink.arrays, shared[1]))
-            for p in key.pairs:
-                names = ArrayNames(*shared, offset=pieces[0].total)
-                stats, hashes = encode_pair(
-                    stream, source, p, c, bound, sink, pieces, HASH_ALGORITHM
+            with Behind() as later:
+                pieces = (
+                    Pieces(sink.arrays, shared[0], later),
+                    Pieces(sink.arrays, shared[1], later),
                 )
-                if not exceptions and stats.exception_rows:
-                    _refuse(stats, c, source.path, p)
-                records.append(_record(p, c, key.dtype, stats, names, bound, hashes))
-                total.merge(stats)
-            for piece in pieces:
-                piece.close()
+                for p in key.pairs:
+                    names = ArrayNames(*shared, offset=pieces[0].total)
+                    stats, hashes = encode_pair(
+                        stream, source, p, c, bound, sink, pieces, HASH_ALGORITHM, later
+                    )
+                    if not exceptions and stats.exception_rows:
+                        _refuse(stats, c, source.path, p)
+                    records.append(_record(p, c, key.dtype, stats, names, bound, hashes))
+                    total.merge(stats)
+                for piece in pieces:
+                    piece.close()
             stored = c.stored_dtype(key.dtype)
             results.append(
                 key_result(

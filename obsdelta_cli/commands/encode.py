@@ -17,7 +17,7 @@ from ..formats import ArrayStore, Pair, Sink, Source
 from ..manifest import HASH_NAMES
 from ..rebuild import decode
 from ..stats import ErrorStats, Verdict, judge
-from ..stream import Stream, block_rows, reporting, window
+from ..stream import Behind, Stream, ahead, block_rows, reporting, window
 
 #: Exception rows are written in pieces of this many bytes (at least one row), whatever the
 #: chunking, so that containers that allocate as they append (HDF5) write the same file.
@@ -59,8 +59,8 @@ def code_chunk(
 class Pieces:
     """Appends to an array store in fixed pieces of rows; ``total`` counts every row given."""
 
-    def __init__(self, store: ArrayStore, name: str) -> None:
-        self.store, self.name = store, name
+    def __init__(self, store: ArrayStore, name: str, later: Behind) -> None:
+        self.store, self.name, self.later = store, name, later
         self.parts: list[torch.Tensor] = []
         self.count = 0
         self.total = 0
@@ -83,7 +83,7 @@ class Pieces:
         self.parts, self.count = [], 0
 
     def _write(self, rows: torch.Tensor) -> None:
-        self.store.append(self.name, rows)
+        self.later(self.store.append, self.name, rows)
 
 
 def chunks(
@@ -95,13 +95,15 @@ def chunks(
     geometry = stream.geometry(source.leaves[pair.obs_key])
     block = block_rows([obs, nxt, *extra], geometry.align)
     row_bytes = obs.dtype.itemsize * math.prod(obs.shape[1:])
+
+    def load(sl: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        o, succ = window(obs, sl, geometry) if successors else (obs[sl], None)
+        return o, nxt[sl], succ
+
     with reporting(pair.name, geometry.valid, row_bytes) as advance:
-        for sl in stream.chunks([obs, nxt, *extra], geometry.valid, geometry.align):
-            if successors:
-                o, succ = window(obs, sl, geometry)
-                yield block, sl, o, nxt[sl], succ
-            else:
-                yield block, sl, obs[sl], nxt[sl], None
+        slices = stream.chunks([obs, nxt, *extra], geometry.valid, geometry.align)
+        for sl, (o, n, succ) in ahead(slices, load):
+            yield block, sl, o, n, succ
             advance(sl)
 
 
@@ -114,10 +116,14 @@ def encode_pair(
     sink: Sink,
     exceptions: tuple[Pieces, Pieces],
     algorithm: str,
+    later: Behind,
 ) -> tuple[ErrorStats, dict[str, str]]:
     """Write ``pair``'s stored leaf and append its exception rows to ``exceptions`` (index,
     rows); return the figures and the hashes of the original next observations, of what the
-    rebuild gives, and of what was written."""
+    rebuild gives, and of what was written.
+
+    Writes and the error figures run in ``later`` while the next chunk is read and coded; the
+    exception pieces use the same one, so the container sees every write in program order."""
     has_leaf = codec.stored_dtype(source.leaves[pair.obs_key].dtype) is not None
     dst = stream.flat(sink.leaves[pair.delta_key]) if has_leaf else None
     hashers = {name: Hasher(algorithm) for name in HASH_NAMES}
@@ -126,24 +132,29 @@ def encode_pair(
     extra = [] if dst is None else [dst]
     for block, sl, o, n, succ in chunks(stream, source, pair, codec.uses_successor, extra):
         c = code_chunk(codec, o, n, succ, bound)
-        stats.count(c.verdict)
         if c.bad.numel():
             at, values = c.bad + sl.start, n[c.bad]
             index.append(at)
             rows.append(values)
             hashers["index"].update(at)
             hashers["rows"].update(values)
-        stats.update(n, c.rebuilt, exceptions=int(c.bad.numel()), same=c.verdict.same, block=block)
+        later(_account, stats, c, n, block)
         hashers["next"].update(n)
         hashers["rebuilt"].update(c.rebuilt)
         if dst is not None and c.stored is not None:
-            dst[sl] = c.stored
+            later(dst.__setitem__, sl, c.stored)
             hashers["stored"].update(c.stored)
+    later.wait()
     geometry = stream.geometry(source.leaves[pair.obs_key])
     if dst is not None and geometry.valid < geometry.total:
         # Rows past a replay buffer's len are not data: store a zero delta for them.
         dst[geometry.valid :] = 0
     return stats, {name: h.hex for name, h in hashers.items()}
+
+
+def _account(stats: ErrorStats, c: Coded, truth: torch.Tensor, block: int) -> None:
+    stats.count(c.verdict)
+    stats.update(truth, c.rebuilt, exceptions=int(c.bad.numel()), same=c.verdict.same, block=block)
 
 
 def measure_pair(

@@ -11,6 +11,7 @@ from ..formats import Key, LeafSpec, Plan, Sink, disk_size, key_str
 from ..formats.packed import is_packed
 from ..rebuild import StoredPair, stored_pairs
 from ..report import DatasetResult
+from ..stream import ahead
 from .common import (
     DEFAULT_CHUNK_MB,
     manifest_of,
@@ -82,8 +83,8 @@ def inflate(
             dst = stream.flat(dst)
             hasher = Hasher(algorithm)
             g = rebuild.geometry
-            for sl in stream.chunks([rebuild.obs, dst], g.total, g.align):
-                rows = rebuild.rows(sl)
+            slices = stream.chunks([rebuild.obs, dst], g.total, g.align)
+            for sl, rows in ahead(slices, rebuild.rows):
                 dst[sl] = rows
                 if sl.start < g.valid:
                     hasher.update(rows[: g.valid - sl.start])

@@ -12,7 +12,7 @@ from ..formats import Format, Key, Source, detect, disk_size, key_str
 from ..manifest import Manifest
 from ..rebuild import StoredPair, stored_pairs
 from ..report import DatasetResult
-from ..stream import Stream
+from ..stream import Stream, ahead
 from .common import (
     DEFAULT_CHUNK_MB,
     manifest_of,
@@ -57,8 +57,9 @@ def check_pair(source: Source, stream: Stream, s: StoredPair, algorithm: str) ->
     valid = rebuild.geometry.valid
     if rebuild.delta is not None:
         hasher = Hasher(algorithm)
-        for sl in stream.chunks([rebuild.delta], valid, rebuild.geometry.align):
-            hasher.update(rebuild.delta[sl])
+        slices = stream.chunks([rebuild.delta], valid, rebuild.geometry.align)
+        for _sl, stored in ahead(slices, rebuild.delta.__getitem__):
+            hasher.update(stored)
         expect(s, "stored", hasher, path, leaf=key_str(pair.delta_key))
     if rebuild.exceptions is not None:
         for name, array in (
@@ -69,8 +70,10 @@ def check_pair(source: Source, stream: Stream, s: StoredPair, algorithm: str) ->
             hasher.update(array)
             expect(s, name, hasher, path, leaf=f"exception {name} of {pair.name}")
     hasher = Hasher(algorithm)
-    for sl in stream.chunks([rebuild.obs], valid, rebuild.geometry.align):
-        hasher.update(rebuild.rows(sl))
+    for _sl, rows in ahead(
+        stream.chunks([rebuild.obs], valid, rebuild.geometry.align), rebuild.rows
+    ):
+        hasher.update(rows)
     expect(s, "rebuilt", hasher, path)
     if s.record.lossless:
         expect(s, "next", hasher, path)
