@@ -118,12 +118,18 @@ class ObsdeltaDataset(Dataset):
         of other shapes (policy weights under D4RL's ``metadata/``) are not transitions."""
         dims = self._source.batch_dims
         batch = _batch_shape(keys, leaves, rebuilt, dims)
+        rebuilds = {k: rebuilt[k].rebuild(self._source, self._stream) for k in keys if k in rebuilt}
+        # The observations of a rebuilt pair are read through its rebuild, which gathers the
+        # rows of a batch once for both keys.
+        observations = {rebuilt[k].pair.obs_key: r for k, r in rebuilds.items()}
         readers: dict[Key, Reader] = {}
         for key in keys:
-            if key in rebuilt:
-                readers[rename(key)] = rebuilt[key].rebuild(self._source, self._stream).take
+            if key in rebuilds:
+                readers[rename(key)] = rebuilds[key].take
             elif tuple(leaves[key].shape[:dims]) == batch:
-                readers[rename(key)] = _reader(self._stream.flat(leaves[key]))
+                own = observations.get(key)
+                flat = self._stream.flat(leaves[key])
+                readers[rename(key)] = _reader(flat) if own is None else own.observations
         valid = self._source.valid_rows
         rows = 0 if batch is None else math.prod(batch[1:]) * (batch[0] if valid is None else valid)
         if ("next", "done") not in readers and ("next", "terminated") in readers:
@@ -149,12 +155,18 @@ class ObsdeltaDataset(Dataset):
     def read(self, idx: torch.Tensor, keys: Iterable[Key] | None = None) -> TensorDictBase:
         """Rows ``idx`` (a 1-D index tensor) of the leaves ``keys`` only (all by default): a
         sampler that needs the done flags reads them without the observations."""
-        if idx.numel() and (int(idx.min()) < -len(self) or int(idx.max()) >= len(self)):
-            raise IndexError(f"index out of range for {len(self)} transitions")
+        # A new tensor object per call, even for the caller's own: rebuilds keep the rows of
+        # the last index tensor they gathered, by identity (see Rebuild.observations).
+        idx = idx.view(-1)
+        if idx.numel():
+            low, high = (int(v) for v in torch.aminmax(idx))
+            if low < -len(self) or high >= len(self):
+                raise IndexError(f"index out of range for {len(self)} transitions")
+            if low < 0:
+                idx = idx % len(self)
         if self._pid != os.getpid():
             # A DataLoader worker forked after the file was opened: HDF5 is not fork-safe.
             self.__init__(self.path, self.cache_mb)  # type: ignore[misc]
-        idx = idx % max(1, len(self))
         wanted = None if keys is None else set(keys)
         parts: dict[Key, torch.Tensor] = {}
         if len(self._segments) == 1:  # one geometry (TED, D4RL): no scatter needed
@@ -193,9 +205,26 @@ class ObsdeltaDataset(Dataset):
 
 
 def _tensordict(parts: dict[Key, torch.Tensor], rows: int) -> TensorDictBase:
+    """The nested TensorDict of one batch. Every value was read here with ``rows`` rows, so
+    tensordict's checks are skipped where it offers that (a third of a batch's time)."""
     from tensordict import TensorDict
 
-    return TensorDict(dict(parts), batch_size=[rows])
+    unchecked = getattr(TensorDict, "_new_unsafe", None)
+    if unchecked is None:
+        return TensorDict(dict(parts), batch_size=[rows])
+    batch = torch.Size([rows])
+    tree: dict[str, Any] = {}
+    for key, value in parts.items():
+        node = tree
+        for name in key[:-1]:
+            node = node.setdefault(name, {})
+        node[key[-1]] = value
+
+    def build(node: dict[str, Any]) -> TensorDictBase:
+        fields = {k: build(v) if isinstance(v, dict) else v for k, v in node.items()}
+        return unchecked(fields, batch_size=batch)
+
+    return build(tree)
 
 
 MINARI_NAMES: dict[str, Key] = {

@@ -121,6 +121,7 @@ class Rebuild:
         self.delta = delta
         self.geometry = geometry
         self.exceptions = exceptions
+        self._memo: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def rows(self, sl: slice) -> torch.Tensor:
         """Rows ``sl`` (contiguous), reading the observations once with a one-row overlap."""
@@ -140,25 +141,35 @@ class Rebuild:
             self.exceptions.patch_slice(rebuilt, sl)
         return rebuilt
 
+    def observations(self, idx: torch.Tensor) -> torch.Tensor:
+        """Rows ``idx`` of the observations. The gather is kept for a second call with the same
+        index tensor: a dataset reads the observations and the next ones of one batch, and
+        gathers the rows once. Callers must not change the result in place."""
+        memo = self._memo
+        if memo is not None and memo[0] is idx:
+            return memo[1]
+        rows = take(self.obs, idx)
+        self._memo = (idx, rows)
+        return rows
+
     def take(self, idx: torch.Tensor) -> torch.Tensor:
         """Rows ``idx`` (any order), one gather per leaf."""
+        g = self.geometry
+        obs = self.observations(idx)
         successor = None
         if self.codec.uses_successor:
-            # The rows and their successors in one gather: one read of the observations.
-            has = self.geometry.has_successor(idx)
-            both = take(self.obs, torch.cat([idx, idx[has] + self.geometry.step]))
-            obs = both[: idx.numel()]
-            successor = obs.clone()
-            successor[has] = both[idx.numel() :]
-        else:
-            obs = take(self.obs, idx)
+            # A row without a successor gets its own observation, as in the rule.
+            successor = take(self.obs, torch.where(g.has_successor(idx), idx + g.step, idx))
         stored = None if self.delta is None else take(self.delta, idx)
         rebuilt = decode(self.codec, obs, stored, successor, self.dtype)
+        if rebuilt is obs:
+            rebuilt = obs.clone()  # the caller may change what it is given
         if self.exceptions is not None:
             self.exceptions.patch_rows(rebuilt, idx)
-        past = idx >= self.geometry.valid
-        if bool(past.any()):
-            rebuilt[past] = obs[past]
+        if g.valid < g.total:
+            past = idx >= g.valid
+            if bool(past.any()):
+                rebuilt[past] = obs[past]
         return rebuilt
 
 

@@ -62,6 +62,8 @@ class Geometry:
 
     def has_successor(self, rows: torch.Tensor) -> torch.Tensor:
         """Per row number in ``rows``: whether it has a successor."""
+        if self.step == 1 and self.length == self.total:  # one trajectory axis (TED, D4RL)
+            return rows + 1 < min(self.valid, self.total)
         last_step = (rows // self.step) % self.length == self.length - 1
         return ~last_step & (rows + self.step < self.valid)
 

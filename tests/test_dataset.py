@@ -81,6 +81,27 @@ def test_indexing(tmp_path: Path, hopper: TensorDictBase) -> None:
         data[3000]
 
 
+@pytest.mark.parametrize("codec", ["exact", "fp16"])
+def test_a_batch_is_its_own_rows_whatever_the_caller_does_with_index_and_result(
+    tmp_path: Path, hopper: TensorDictBase, codec: str
+) -> None:
+    """The observations of a batch are gathered once for both keys; an index tensor changed in
+    place between reads, or a batch changed by the caller, never leaks into the next read."""
+    hopper.memmap(tmp_path / "in")
+    compress(tmp_path / "in", tmp_path / "small", codec=codec)
+    inflate(tmp_path / "small", tmp_path / "back")
+    data = open_dataset(tmp_path / "small")
+    truth = open_dataset(tmp_path / "back")  # what inflate gives, read plainly
+    idx = torch.tensor([5, 999, 1000, 2999, 17])
+    for step in range(3):
+        batch = data.read(idx)
+        assert torch.equal(batch["observation"], hopper["observation"][idx])
+        _bits_equal(batch, truth.read(idx.clone()))
+        batch["observation"].zero_()  # the caller's to change
+        batch["next", "observation"].fill_(7.0)
+        idx.add_(step + 1).remainder_(3000)  # the same tensor, other rows
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_dataloader(tmp_path: Path, hopper: TensorDictBase, workers: int) -> None:
     hopper.memmap(tmp_path / "in")
