@@ -308,3 +308,39 @@ def test_compressed_ted_hdf5_opens_with_from_h5(
     assert torch.equal(local["observation"], td["observation"])
     assert (("next", "delta", "observation") in local.keys(True, True)) == (codec != "exact")
     opened.close()
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["contiguous", "chunked", "gzip", "bf16", "written"],
+)
+def test_rows_read_at_their_offset_are_the_rows_hdf5_reads(tmp_path: Path, layout: str) -> None:
+    """Contiguous datasets of a file open read-only are read with ``preadv``; everything else
+    (chunked, filtered, a file open for writing) through HDF5: the same rows."""
+    from obsdelta_cli.formats.hdf5_leaves import BF16_ATTR, H5Leaf
+
+    values = np.random.default_rng(0).normal(size=(1000, 7)).astype(np.float32)
+    options: dict[str, Any] = {
+        "chunked": {"chunks": (64, 7)},
+        "gzip": {"compression": "gzip"},
+    }.get(layout, {})
+    path = tmp_path / "x.h5"
+    with h5py.File(path, "w") as f:
+        bits = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy()
+        data = bits if layout == "bf16" else values
+        ds = f.create_dataset("x", data=data, **options)
+        if layout == "bf16":
+            ds.attrs[BF16_ATTR] = "bfloat16"
+    with h5py.File(path, "r+" if layout == "written" else "r") as f:
+        leaf = H5Leaf(f["x"], path)
+        raw = leaf._raw_rows(10, 990)
+        assert (raw is not None) == (layout in ("contiguous", "bf16"))
+        got = leaf.read(10, 990)
+        expect = torch.from_numpy(
+            np.ascontiguousarray(f["x"][10:990]).astype("=" + f["x"].dtype.str[1:])
+        )
+        if layout == "bf16":
+            expect = expect.view(torch.bfloat16)
+        assert got.dtype == expect.dtype
+        assert torch.equal(got.view(torch.uint8), expect.view(torch.uint8))
+        assert leaf.read(995, 2000).shape == (5, 7)  # past the end: the rows there are
