@@ -121,3 +121,23 @@ def test_module_entry_point(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["format"] == "ted-pt"
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_a_finished_command_leaves_at_once_unless_something_still_runs(busy: bool) -> None:
+    """After a command, the process ends without the interpreter's teardown (atexit hooks do
+    not run), with the command's exit code and its output flushed; with a thread still
+    running it takes the ordinary exit, which waits for it."""
+    program = "\n".join(
+        [
+            "import atexit, sys, threading, time",
+            "from obsdelta_cli.__main__ import _leave",
+            "atexit.register(lambda: print('teardown ran'))",
+            "threading.Thread(target=time.sleep, args=(0.2,)).start()" if busy else "",
+            "print('report', end='')",
+            "_leave(SystemExit(3))",
+        ]
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert done.returncode == 3
+    assert done.stdout == ("reportteardown ran\n" if busy else "report")

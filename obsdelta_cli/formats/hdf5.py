@@ -47,6 +47,7 @@ from .hdf5_leaves import (
 from .hdf5_meta import read_meta, write_meta
 from .hdf5_objects import hash_objects, header_bytes
 from .hdf5_safety import check_contained, damaged_file
+from .leaf import start_writeback
 
 hdf5plugin: Any
 try:  # registers Zstd, Blosc, LZ4, ... filters for reading and writing, when installed
@@ -229,6 +230,8 @@ class HDF5Format(Format):
             del out.attrs[META_ATTR]
         dropped = {key_str(k) for k in source.leaves if k not in set(plan.order)}
         _copy_tree(src, out, dropped)
+        fd = _OUTPUT_FDS[id(out)]
+        start_writeback(fd, 0, 0)  # the copies go to disk while the rest is encoded
         compression = plan.options.get("h5_compression")
         kwargs = compression_kwargs(compression) if compression else None
         layouts = dict((source.meta or {}).get("hdf5_layouts") or {})
@@ -241,7 +244,7 @@ class HDF5Format(Format):
         leaves: dict[Key, Any] = {}
         for key, spec in plan.new.items():
             ds = self._new_dataset(src, out, key, spec, kwargs, layouts)
-            leaves[key] = H5Leaf(ds, path)
+            leaves[key] = H5Leaf(ds, path, writeback=fd)
         arrays_kwargs = kwargs if kwargs is not None else _arrays_kwargs(src, plan)
         arrays = H5Arrays(out, path, arrays_kwargs)
         extra = {"hdf5_layouts": new_layouts}
