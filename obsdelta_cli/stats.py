@@ -16,6 +16,7 @@ and the block sums are added exactly (``math.fsum``).
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -264,5 +265,8 @@ class ErrorStats:
         # Relative to non-zero originals only: dividing by inf there gives 0.
         base = by_row(t64.abs_()).numpy()
         base[base == 0] = np.inf
-        rel = np.divide(flat, base, out=base)
-        self.max_rel_error = max(self.max_rel_error, float(column_max(rel).max()))
+        # Dividing by a subnormal original can overflow: the figure is then the largest float.
+        with np.errstate(over="ignore"):
+            rel = np.divide(flat, base, out=base)
+        largest = min(float(column_max(rel).max()), sys.float_info.max)
+        self.max_rel_error = max(self.max_rel_error, largest)

@@ -326,3 +326,37 @@ def _tree_bytes(path: Path) -> dict[str, bytes]:
         for p in sorted(path.rglob("*"))
         if p.is_file() and p.name != "obsdelta.json"
     }
+
+
+@pytest.mark.parametrize("codec", ["exact", "fp16"])
+def test_observations_are_copied_in_the_encoding_pass(
+    tmp_path: Path, hopper: TensorDictBase, codec: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A memmap folder's observations are read once, for encoding and for their copy; the copy
+    is recorded and checked like any other (a changed byte fails verify)."""
+    from obsdelta_cli import verify
+    from obsdelta_cli.stream import Stream
+
+    copied: list[tuple[int, ...]] = []
+    plain_copy = Stream.copy
+
+    def spy(self: Stream, src: object, dst: object, algorithm: str) -> str | None:
+        if dst is not None:
+            copied.append(tuple(getattr(src, "shape", ())))
+        return plain_copy(self, src, dst, algorithm)
+
+    monkeypatch.setattr(Stream, "copy", spy)
+    hopper.memmap(tmp_path / "in")
+    compress(tmp_path / "in", tmp_path / "small", codec=codec)
+    obs_shape = tuple(hopper["observation"].shape)
+    assert copied and obs_shape not in copied  # the other leaves go through the plain copy
+    inflate(tmp_path / "small", tmp_path / "back")
+    assert (tmp_path / "back" / "observation.memmap").read_bytes() == (
+        tmp_path / "in" / "observation.memmap"
+    ).read_bytes()
+    leaf = tmp_path / "small" / "observation.memmap"
+    raw = bytearray(leaf.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    leaf.write_bytes(bytes(raw))
+    with pytest.raises(DataError, match="observation"):
+        verify(tmp_path / "small")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -93,3 +94,12 @@ def test_figures_equal_their_definitions_in_float64(dtype: torch.dtype) -> None:
     assert stats.max_rel_error == float((err[nonzero] / truth.double().abs()[nonzero]).max())
     assert stats.rmse == pytest.approx(math.sqrt(float((err**2).sum()) / err.numel()), rel=1e-12)
     torch.testing.assert_close(stats.feature_max_abs, err.amax(dim=0), rtol=0, atol=0)
+
+
+def test_relative_error_to_a_subnormal_original_stays_a_finite_figure() -> None:
+    truth = torch.tensor([[5e-324, 1.0]], dtype=torch.float64)
+    rebuilt = torch.tensor([[1e10, 1.0]], dtype=torch.float64)
+    stats = ErrorStats()
+    stats.update(truth, rebuilt, exceptions=0, block=1)
+    assert stats.max_rel_error == sys.float_info.max
+    assert stats.max_abs_error == 1e10

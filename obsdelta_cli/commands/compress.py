@@ -13,15 +13,18 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..checksum import Hasher
 from ..codecs import AUTO, DEFAULT_CODEC, Codec, make_codec
 from ..errors import DataError, InputError, UsageError
 from ..formats import Format, Key, LeafSpec, Pair, Plan, Sink, Source, disk_size, key_str
+from ..formats.leaf import is_data
 from ..manifest import HASH_ALGORITHM, ArrayNames, Error, KeyRecord, Manifest
 from ..report import Candidate, DatasetResult, KeyResult
 from ..selection import KeyGroup, candidates, check_time_dim, dtype_name, select_pairs
@@ -258,6 +261,32 @@ def compress(
     )
 
 
+def _fused(
+    source: Source,
+    stream: Stream,
+    encoded: list[tuple[Pair, Codec]],
+    order: list[Key],
+    new: dict[Key, LeafSpec],
+) -> dict[Key, Hasher]:
+    """Observation leaves copied during the encoding pass, which reads them anyway, rather than
+    read twice: those of exactly one encoded pair, kept unchanged, with every row valid (the
+    pass covers valid rows only). Each gets the hasher of its copy."""
+    uses = Counter(p.obs_key for p, _ in encoded)
+    fused: dict[Key, Hasher] = {}
+    for p, _ in encoded:
+        leaf = source.leaves[p.obs_key]
+        geometry = stream.geometry(leaf)
+        if (
+            uses[p.obs_key] == 1
+            and p.obs_key in order
+            and p.obs_key not in new
+            and is_data(leaf)
+            and geometry.valid == geometry.total
+        ):
+            fused[p.obs_key] = Hasher(HASH_ALGORITHM)
+    return fused
+
+
 def _writer(
     source: Source,
     fmt: Format,
@@ -283,9 +312,10 @@ def _writer(
 
     def fill(sink: Sink) -> dict[str, Any]:
         checksums: dict[str, str] = {}
+        fused = {} if sink.copied else _fused(source, stream, encoded, order, new)
         if not sink.copied:
             for k in order:
-                if k not in new:
+                if k not in new and k not in fused:
                     digest = stream.copy(source.leaves[k], sink.leaves[k], HASH_ALGORITHM)
                     if digest is not None:
                         checksums[key_str(k)] = digest
@@ -305,9 +335,14 @@ def _writer(
                 )
                 for p in key.pairs:
                     names = ArrayNames(*shared, offset=pieces[0].total)
+                    copy = None
+                    if p.obs_key in fused:
+                        copy = (sink.leaves[p.obs_key], fused[p.obs_key])
                     stats, hashes = encode_pair(
-                        stream, source, p, c, bound, sink, pieces, HASH_ALGORITHM, later
+                        stream, source, p, c, bound, sink, pieces, HASH_ALGORITHM, later, copy
                     )
+                    if copy is not None:
+                        checksums[key_str(p.obs_key)] = copy[1].hex
                     if not exceptions and stats.exception_rows:
                         _refuse(stats, c, source.path, p)
                     records.append(_record(p, c, key.dtype, stats, names, bound, hashes))

@@ -117,20 +117,30 @@ def encode_pair(
     exceptions: tuple[Pieces, Pieces],
     algorithm: str,
     later: Behind,
+    copy: tuple[Any, Hasher] | None = None,
 ) -> tuple[ErrorStats, dict[str, str]]:
     """Write ``pair``'s stored leaf and append its exception rows to ``exceptions`` (index,
     rows); return the figures and the hashes of the original next observations, of what the
     rebuild gives, and of what was written.
 
     Writes and the error figures run in ``later`` while the next chunk is read and coded; the
-    exception pieces use the same one, so the container sees every write in program order."""
+    exception pieces use the same one, so the container sees every write in program order.
+
+    ``copy`` (the output's observation leaf and a hasher) copies the observations in the same
+    pass, which reads them anyway: every row, so only where all rows are valid."""
     has_leaf = codec.stored_dtype(source.leaves[pair.obs_key].dtype) is not None
     dst = stream.flat(sink.leaves[pair.delta_key]) if has_leaf else None
     hashers = {name: Hasher(algorithm) for name in HASH_NAMES}
     index, rows = exceptions
     stats = ErrorStats()
     extra = [] if dst is None else [dst]
+    copy_to, copy_hash = (None, None) if copy is None else (stream.flat(copy[0]), copy[1])
+    if copy_to is not None:
+        extra.append(copy_to)
     for block, sl, o, n, succ in chunks(stream, source, pair, codec.uses_successor, extra):
+        if copy_to is not None and copy_hash is not None:
+            later(copy_to.__setitem__, sl, o)
+            copy_hash.update(o)
         c = code_chunk(codec, o, n, succ, bound)
         if c.bad.numel():
             at, values = c.bad + sl.start, n[c.bad]
