@@ -3,6 +3,8 @@
 Inputs: Pong frames from real ale-py rollouts (random policy, grayscale, a TED memmap folder)
 and a Hopper-like D4RL file (real Hopper-v5 steps, tests/realistic.py). For each: the packed
 size and time, and ``tar | zstd -3 -T1`` and ``tar | zstd -19 --long=27`` sizes and times.
+Then training reads from the packed Hopper file against sorted h5py reads of the plain one, and
+a behaviour-cloning loop fed by each (``reads.py``, in its own process, warm cache).
 
     python benchmarks/pack.py --pong-steps 3000 --hopper-rows 20000
 """
@@ -10,6 +12,7 @@ size and time, and ``tar | zstd -3 -T1`` and ``tar | zstd -19 --long=27`` sizes 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import subprocess
 import sys
@@ -118,6 +121,25 @@ def main() -> None:
                 f"| {raw / result.bytes_after:.2f}x, {packed_s:.1f} s "
                 f"| {raw / z3:.2f}x, {z3_s:.1f} s | {raw / z19:.2f}x, {z19_s:.1f} s |"
             )
+        hopper = inputs["Hopper D4RL"]
+        reads = subprocess.run(
+            [sys.executable, str(Path(__file__).with_name("reads.py")), "d4rl", str(hopper),
+             str(work / f"{hopper.name}.packed.h5"), "--batches", "1000", "--bc-steps", "500"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        r = json.loads(reads.stdout.splitlines()[-1])
+        print()
+        print(
+            "| packed Hopper D4RL | open_dataset vs sorted h5py reads | BC loop, packed / plain |"
+        )
+        print("|---|---|---|")
+        print(
+            f"| {r['rows']:,} rows | {r['packed_rows_per_s']:,.0f} vs "
+            f"{r['plain_rows_per_s']:,.0f} rows/s: "
+            f"{r['packed_rows_per_s'] / r['plain_rows_per_s']:.2f}x "
+            f"| {r['packed_bc_seconds']:.2f} / {r['plain_bc_seconds']:.2f} s: "
+            f"{r['packed_bc_seconds'] / r['plain_bc_seconds']:.2f}x |"
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -11,6 +11,8 @@ Prints one JSON object:
   with the plain reader: ``TensorDict.load_memmap(PLAIN)[idx]`` for a TED memmap folder, or
   ``f[name][np.unique(idx)]`` for each of the six D4RL datasets (h5py needs increasing indices
   without repeats: the sorted, de-duplicated batch).
+- ``storage``: the same batches through ``ObsdeltaStorage(COMPRESSED).get(idx)``, what a
+  TorchRL replay buffer's ``sample`` calls (when torchrl is installed).
 - ``bc``: seconds of a behaviour-cloning loop (MLP 11-256-256-3, Adam, mean squared error on
   the action, batches of 256, ``--bc-steps`` steps) fed by each reader, after 20 untimed steps
   of each.
@@ -50,14 +52,21 @@ def plain_d4rl(path: Path) -> tuple[int, Reader]:
     import h5py
 
     handle = h5py.File(path, "r")
-    names = list(handle.keys())
+    rows = handle["observations"].shape[0]
+    # The top-level datasets of the transitions (a D4RL v2 file also has groups: infos/,
+    # metadata/), each read with the batch's sorted rows.
+    names = [
+        name
+        for name, obj in handle.items()
+        if isinstance(obj, h5py.Dataset) and obj.shape[:1] == (rows,)
+    ]
 
     def read(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rows = np.unique(idx.numpy())
         batch = {name: handle[name][rows] for name in names}
         return torch.from_numpy(batch["observations"]), torch.from_numpy(batch["actions"])
 
-    return handle["observations"].shape[0], read
+    return rows, read
 
 
 def compressed(path: Path) -> tuple[int, Reader]:
@@ -70,6 +79,24 @@ def compressed(path: Path) -> tuple[int, Reader]:
         return batch["observation"], batch["action"]
 
     return len(data), read
+
+
+def torchrl_storage(path: Path) -> tuple[int, Reader] | None:
+    """``ObsdeltaStorage(path).get(idx)``, what a TorchRL replay buffer's sample calls; ``None``
+    without torchrl."""
+    from obsdelta_cli.errors import UsageError
+    from obsdelta_cli.storage import ObsdeltaStorage
+
+    try:
+        storage = ObsdeltaStorage(path)
+    except UsageError:  # torchrl is not installed
+        return None
+
+    def read(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = storage.get(idx)
+        return batch["observation"], batch["action"]
+
+    return len(storage), read
 
 
 def rows_per_second(read: Reader, batches: list[torch.Tensor]) -> float:
@@ -137,6 +164,9 @@ def main() -> None:
         "packed_bc_seconds": bc_seconds(packed, steps),
         "threads": torch.get_num_threads(),
     }
+    storage = torchrl_storage(args.packed)
+    if storage is not None:
+        result["storage_rows_per_s"] = rows_per_second(storage[1], batches)
     print(json.dumps(result))
 
 

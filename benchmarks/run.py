@@ -267,6 +267,20 @@ def read_checks(item: BenchInput, packed: Path, args: argparse.Namespace) -> lis
     floor = 0.5 if item.layout == TED else 1.0
     ratio = doc["packed_rows_per_s"] / doc["plain_rows_per_s"]
     bc = doc["packed_bc_seconds"] / doc["plain_bc_seconds"]
+    storage = []
+    if "storage_rows_per_s" in doc:
+        through = doc["storage_rows_per_s"] / doc["plain_rows_per_s"]
+        storage.append(
+            check(
+                f"{item.label}: random batches of 256, TorchRL ObsdeltaStorage.get (exact file) "
+                f"vs {plain_name} (rows/s ratio, warm)",
+                f"{doc['storage_rows_per_s']:,.0f} rows/s",
+                f"{doc['plain_rows_per_s']:,.0f} rows/s",
+                through,
+                f">= {floor}x",
+                through >= floor,
+            )
+        )
     return [
         check(
             f"{item.label}: random batches of 256, open_dataset (exact file) vs {plain_name} "
@@ -285,6 +299,7 @@ def read_checks(item: BenchInput, packed: Path, args: argparse.Namespace) -> lis
             "<= 1.1x",
             bc <= 1.1,
         ),
+        *storage,
     ]
 
 
