@@ -64,11 +64,27 @@ class Exceptions:
         if hi > lo:
             rebuilt[self.index[lo:hi] - sl.start] = self.values[self.offset + lo : self.offset + hi]
 
-    def patch_rows(self, rebuilt: torch.Tensor, idx: torch.Tensor) -> None:
+    def patch_rows(
+        self, rebuilt: torch.Tensor, idx: torch.Tensor, members: torch.Tensor | None = None
+    ) -> None:
+        """Patch the exception rows among ``idx`` into ``rebuilt``. ``members`` (see
+        :meth:`bitmap`) finds them without a binary search of every index."""
+        if members is not None:
+            hit = ((members[idx >> 3] >> (idx & 7).to(torch.uint8)) & 1).bool()
+            if bool(hit.any()):
+                pos = searchsorted(self.index, idx[hit])
+                rebuilt[hit] = take(self.values, pos + self.offset)
+            return
         pos = searchsorted(self.index, idx).clamp_(max=self.index.numel() - 1)
         hit = self.index[pos] == idx
         if bool(hit.any()):
             rebuilt[hit] = take(self.values, pos[hit] + self.offset)
+
+    def bitmap(self, rows: int) -> torch.Tensor:
+        """One bit per row of ``rows``, set for the exception rows (``rows / 8`` bytes)."""
+        bits = np.zeros(rows, dtype=bool)
+        bits[self.index.numpy()] = True
+        return torch.from_numpy(np.packbits(bits, bitorder="little"))
 
 
 def searchsorted(sorted_values: torch.Tensor, values: torch.Tensor, right: bool = False) -> Any:
@@ -103,6 +119,10 @@ def take(rows: Any, idx: torch.Tensor) -> torch.Tensor:
     return out
 
 
+#: Rows up to which random reads find exception rows through a bitmap (at most 32 MB).
+BITMAP_ROWS = 1 << 28
+
+
 class Rebuild:
     """Rebuilds the next observations of one stored pair, by contiguous rows or by index."""
 
@@ -122,6 +142,7 @@ class Rebuild:
         self.geometry = geometry
         self.exceptions = exceptions
         self._memo: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._bitmap: torch.Tensor | bool | None = None
 
     def rows(self, sl: slice) -> torch.Tensor:
         """Rows ``sl`` (contiguous), reading the observations once with a one-row overlap."""
@@ -140,6 +161,14 @@ class Rebuild:
         if self.exceptions is not None:
             self.exceptions.patch_slice(rebuilt, sl)
         return rebuilt
+
+    def _members(self) -> torch.Tensor | None:
+        """The exception rows as a bitmap, for random access; ``None`` past
+        :data:`BITMAP_ROWS` rows (its bytes would then count)."""
+        if self._bitmap is None and self.exceptions is not None:
+            rows = self.geometry.total
+            self._bitmap = self.exceptions.bitmap(rows) if rows <= BITMAP_ROWS else False
+        return self._bitmap if isinstance(self._bitmap, torch.Tensor) else None
 
     def observations(self, idx: torch.Tensor) -> torch.Tensor:
         """Rows ``idx`` of the observations. The gather is kept for a second call with the same
@@ -165,7 +194,7 @@ class Rebuild:
         if rebuilt is obs:
             rebuilt = obs.clone()  # the caller may change what it is given
         if self.exceptions is not None:
-            self.exceptions.patch_rows(rebuilt, idx)
+            self.exceptions.patch_rows(rebuilt, idx, self._members())
         if g.valid < g.total:
             past = idx >= g.valid
             if bool(past.any()):
