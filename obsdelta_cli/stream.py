@@ -126,6 +126,12 @@ def window(obs: Any, sl: slice, geometry: Geometry) -> tuple[torch.Tensor, torch
     return chunk, successor
 
 
+def _one_worker(name: str) -> ThreadPoolExecutor:
+    # torch's thread count is per OS thread: the worker works with the caller's.
+    threads = torch.get_num_threads()
+    return ThreadPoolExecutor(1, name, initializer=torch.set_num_threads, initargs=(threads,))
+
+
 def ahead(items: Iterable[T], load: Callable[[T], R]) -> Iterator[tuple[T, R]]:
     """``(item, load(item))`` in order, the next item loading in a thread while the caller
     works on this one: reads (``preadv`` and torch release the GIL) overlap encoding, hashing
@@ -134,10 +140,7 @@ def ahead(items: Iterable[T], load: Callable[[T], R]) -> Iterator[tuple[T, R]]:
     >>> [r for _, r in ahead(range(3), lambda i: i * i)]
     [0, 1, 4]
     """
-    # torch's thread count is per OS thread: the loader works with the caller's.
-    pool = ThreadPoolExecutor(
-        1, "obsdelta-read", initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),)
-    )
+    pool = _one_worker("obsdelta-read")
     try:
         pending: tuple[T, Future[R]] | None = None
         for item in items:
@@ -167,12 +170,7 @@ class Behind:
     def __init__(self, depth: int = 2) -> None:
         self.depth = depth
         self.pending: list[Future[Any]] = []
-        self.pool = ThreadPoolExecutor(
-            1,
-            "obsdelta-write",
-            initializer=torch.set_num_threads,
-            initargs=(torch.get_num_threads(),),
-        )
+        self.pool = _one_worker("obsdelta-write")
 
     def __call__(self, write: Callable[..., Any], *args: Any) -> None:
         self.pending.append(self.pool.submit(write, *args))

@@ -134,13 +134,13 @@ def encode_pair(
     index, rows = exceptions
     stats = ErrorStats()
     extra = [] if dst is None else [dst]
-    copy_to, copy_hash = (None, None) if copy is None else (stream.flat(copy[0]), copy[1])
-    if copy_to is not None:
-        extra.append(copy_to)
+    copying = None if copy is None else (stream.flat(copy[0]), copy[1])
+    if copying is not None:
+        extra.append(copying[0])
     for block, sl, o, n, succ in chunks(stream, source, pair, codec.uses_successor, extra):
-        if copy_to is not None and copy_hash is not None:
-            later(copy_to.__setitem__, sl, o)
-            copy_hash.update(o)
+        if copying is not None:
+            later(copying[0].__setitem__, sl, o)
+            copying[1].update(o)
         c = code_chunk(codec, o, n, succ, bound)
         if c.bad.numel():
             at, values = c.bad + sl.start, n[c.bad]

@@ -14,7 +14,7 @@ import torch
 
 from ..errors import InputError
 from .base import ArrayStore, Key
-from .leaf import FlatRows, LazyLeaf, start_writeback
+from .leaf import FlatRows, LazyLeaf, read_exact, start_writeback
 
 MAGIC = b"\x89HDF\r\n\x1a\n"
 META_ATTR = "obsdelta"
@@ -71,7 +71,7 @@ class H5Leaf(LazyLeaf):
         #: Rows per HDF5 chunk along the first dimension: reads aligned to it touch each chunk once.
         self.chunk_rows = chunks[0] if chunks else 1
         self._mapped: torch.Tensor | bool | None = None
-        self._span: tuple[int, int, int] | bool | None = None
+        self._offset: int | bool | None = None
         self._fd = -1
 
     def storage_bytes(self) -> int:
@@ -90,44 +90,39 @@ class H5Leaf(LazyLeaf):
         """Rows of a contiguous, unfiltered dataset of a file open read-only, read with
         ``preadv`` at their offset: the same bytes HDF5 would return, but without holding the
         interpreter lock, so reading overlaps encoding. ``None`` where this does not apply."""
-        span = self._contiguous()
-        if span is None:
+        offset = self._raw_offset()
+        if offset is None or self.ds.file.mode != "r":
             return None
-        offset, row_bytes, fd = span
-        stop = min(stop, self.shape[0])
-        count = max(0, stop - start)
-        out = torch.empty(count * row_bytes, dtype=torch.uint8)
-        view = out.numpy().data
-        done = 0
-        while done < len(view):
-            n = os.preadv(fd, [view[done:]], offset + start * row_bytes + done)
-            if n <= 0:
-                return None  # let HDF5 report it
-            done += n
-        values = out.view(torch.int16 if self.bf16 else self.dtype)
-        t = values.view(count, *self.shape[1:])
+        if self._fd < 0:
+            self._fd = os.open(self.file, os.O_RDONLY)
+        row_bytes = math.prod(self.shape[1:]) * self.ds.dtype.itemsize
+        count = max(0, min(stop, self.shape[0]) - start)
+        try:
+            out = read_exact(
+                self._fd, offset + start * row_bytes, count * row_bytes, str(self.file)
+            )
+        except OSError:
+            return None  # let HDF5 report it
+        t = out.view(torch.int16 if self.bf16 else self.dtype).view(count, *self.shape[1:])
         return t.view(torch.bfloat16) if self.bf16 else t
 
-    def _contiguous(self) -> tuple[int, int, int] | None:
-        if self._span is None:
-            self._span = False
-            dcpl = self.ds.id.get_create_plist()
+    def _raw_offset(self) -> int | None:
+        """Where the values of a contiguous (so unfiltered), native-order dataset start in the
+        file, if they lie inside it; ``None`` otherwise."""
+        if self._offset is None:
+            self._offset = False
             offset = self.ds.id.get_offset()
             dtype = self.ds.dtype
             nbytes = math.prod(self.shape) * dtype.itemsize
             if (
-                self.ds.file.mode == "r"
-                and dcpl.get_layout() == h5py.h5d.CONTIGUOUS
-                and dcpl.get_nfilters() == 0
+                self.ds.id.get_create_plist().get_layout() == h5py.h5d.CONTIGUOUS
                 and offset is not None
                 and nbytes
-                and dtype.kind in "fiub"
                 and dtype.byteorder in "=<|"
                 and offset + nbytes <= self.file.stat().st_size
             ):
-                self._fd = os.open(self.file, os.O_RDONLY)
-                self._span = (offset, math.prod(self.shape[1:]) * dtype.itemsize, self._fd)
-        return self._span if isinstance(self._span, tuple) else None
+                self._offset = offset
+        return self._offset if self._offset is not False else None
 
     def __del__(self) -> None:
         fd, self._fd = getattr(self, "_fd", -1), -1
@@ -139,18 +134,9 @@ class H5Leaf(LazyLeaf):
         random access at memory speed; ``None`` for chunked or filtered ones."""
         if self._mapped is None:
             self._mapped = False
-            dcpl = self.ds.id.get_create_plist()
-            offset = self.ds.id.get_offset()
-            dtype = self.ds.dtype
-            nbytes = math.prod(self.shape) * dtype.itemsize
-            if (
-                dcpl.get_layout() == h5py.h5d.CONTIGUOUS
-                and offset is not None
-                and nbytes
-                and dtype.byteorder in "=<|"
-                and offset + nbytes <= self.file.stat().st_size
-            ):
-                array = np.memmap(self.file, dtype, mode="c", offset=offset, shape=self.shape)
+            offset = self._raw_offset()
+            if offset is not None:
+                array = np.memmap(self.file, self.ds.dtype, "c", offset=offset, shape=self.shape)
                 t = torch.from_numpy(array)
                 self._mapped = t.view(torch.bfloat16) if self.bf16 else t
         return self._mapped if isinstance(self._mapped, torch.Tensor) else None

@@ -126,6 +126,21 @@ def start_writeback(fd: int, offset: int, nbytes: int) -> None:
         _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)  # a hint: errors ignored
 
 
+def read_exact(fd: int, offset: int, nbytes: int, name: str) -> torch.Tensor:
+    """``nbytes`` bytes of ``fd`` at ``offset`` into a new buffer, with ``preadv`` (which may
+    return less than asked, and releases the interpreter lock); a short file is an ``OSError``
+    naming ``name``."""
+    out = torch.empty(nbytes, dtype=torch.uint8)
+    view = out.numpy().data
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n <= 0:
+            raise OSError(f"{name}: unexpected end of file")
+        done += n
+    return out
+
+
 class FileLeaf(LazyLeaf):
     """A raw C-order array in a file (a tensordict ``.memmap`` leaf), read and written with
     ``pread``/``pwrite`` rather than mapped.
@@ -152,15 +167,7 @@ class FileLeaf(LazyLeaf):
 
     def read(self, start: int, stop: int) -> torch.Tensor:
         count = max(0, min(stop, self.shape[0]) - start)
-        offset, nbytes = start * self.row_bytes, count * self.row_bytes
-        out = torch.empty(nbytes, dtype=torch.uint8)
-        view = out.numpy().data
-        done = 0
-        while done < len(view):  # pread may return less than asked
-            n = os.preadv(self.fd, [view[done:]], offset + done)
-            if n <= 0:
-                raise OSError(f"{self.path}: unexpected end of file")
-            done += n
+        out = read_exact(self.fd, start * self.row_bytes, count * self.row_bytes, self.path)
         return out.view(self.dtype).view(count, *self.shape[1:])
 
     def feed(self, update: Callable[[memoryview], None]) -> bool:
