@@ -1,8 +1,9 @@
 """What the HDF5 layouts share: lazy h5py leaves, exact copies, and obsdelta's own group.
 
-Every object that is not rewritten is copied with HDF5's own object copy, so its values, dtype,
-shape, chunks, filters, fill value and attributes come out exactly as they went in. Groups on
-the way to a rewritten dataset are recreated with their attributes and creation properties.
+Every object that is not rewritten is copied with HDF5's own object copy, or for a large
+contiguous dataset by its raw bytes (:mod:`.hdf5_copy`), so its values, dtype, shape, chunks,
+filters, fill value and attributes come out exactly as they went in. Groups on the way to a
+rewritten or raw-copied dataset are recreated with their attributes and creation properties.
 
 A compressed file keeps obsdelta's objects in one root group, ``/obsdelta``:
 
@@ -33,6 +34,7 @@ from ..errors import (
     write_error,
 )
 from .base import Format, Key, LeafSpec, Plan, Sink, Source, key_str
+from .hdf5_copy import RawCopies, raw_copyable
 from .hdf5_leaves import (
     BF16_ATTR,
     MAGIC,
@@ -194,6 +196,7 @@ class HDF5Format(Format):
         file = Path(f.filename)
         if id(f) in _OUTPUT_FDS:  # an output being written: its raw chunks must be on disk
             try:
+                _copied(f)
                 f.flush()
             except (OSError, RuntimeError) as exc:
                 raise write_error(file, exc) from None
@@ -229,9 +232,10 @@ class HDF5Format(Format):
         if META_ATTR in out.attrs:
             del out.attrs[META_ATTR]
         dropped = {key_str(k) for k in source.leaves if k not in set(plan.order)}
-        _copy_tree(src, out, dropped)
         fd = _OUTPUT_FDS[id(out)]
-        start_writeback(fd, 0, 0)  # the copies go to disk while the rest is encoded
+        copies = _COPIES[id(out)] = RawCopies(source.path, out, fd)
+        _copy_tree(src, out, dropped, copies)
+        start_writeback(fd, 0, 0)  # HDF5's copies go to disk while the rest is encoded
         compression = plan.options.get("h5_compression")
         kwargs = compression_kwargs(compression) if compression else None
         layouts = dict((source.meta or {}).get("hdf5_layouts") or {})
@@ -297,6 +301,7 @@ class HDF5Format(Format):
     def finish(self, path: Path, sink: Sink, meta: dict[str, Any] | None) -> None:
         out = sink.handle
         with closed_on_failure(out, path):
+            _copied(out)
             if meta is not None:
                 write_meta(out, meta)
             finish_output(out)
@@ -304,6 +309,15 @@ class HDF5Format(Format):
 
 #: The file descriptor of each output being written, by ``id`` of its h5py file.
 _OUTPUT_FDS: dict[int, int] = {}
+#: The raw copies still to make into each output being written, by ``id`` of its h5py file.
+_COPIES: dict[int, RawCopies] = {}
+
+
+def _copied(out: h5py.File) -> None:
+    """Make the raw copies into ``out`` (before it is hashed or closed)."""
+    copies = _COPIES.pop(id(out), None)
+    if copies is not None:
+        copies.copy()
 
 
 def new_output(path: Path, libver: Any) -> h5py.File:
@@ -348,6 +362,7 @@ def _close_quietly(f: h5py.File) -> None:
     the next call touching the file crashes the process. So the file's descriptor is first
     pointed at ``/dev/null``: the flush on close then succeeds, writing nowhere.
     """
+    _COPIES.pop(id(f), None)
     # The descriptor was noted when the file was created: asking HDF5 for it now could crash.
     fd = _OUTPUT_FDS.pop(id(f), None)
     if fd is None:
@@ -406,22 +421,54 @@ def _keep_layout(out: h5py.File, original: h5py.Dataset) -> None:
 ALLOC_TIMES = (h5py.h5d.ALLOC_TIME_EARLY, h5py.h5d.ALLOC_TIME_LATE, h5py.h5d.ALLOC_TIME_INCR)
 
 
-def _copy_tree(src: h5py.Group, dst: h5py.Group, dropped: set[str]) -> None:
-    """Copy ``src`` into ``dst`` except the datasets in ``dropped`` and obsdelta's own group."""
+def _copy_tree(src: h5py.Group, dst: h5py.Group, dropped: set[str], copies: RawCopies) -> None:
+    """Copy ``src`` into ``dst`` except the datasets in ``dropped`` and obsdelta's own group;
+    large contiguous datasets through ``copies``, everything else with HDF5's object copy."""
     for name, obj in src.items():
         path = obj.name.lstrip("/")
         if path == OWN or path in dropped:
             continue
-        if isinstance(obj, h5py.Group) and any(d.startswith(path + "/") for d in dropped):
+        if isinstance(obj, h5py.Group) and (
+            any(d.startswith(path + "/") for d in dropped) or _raw_below(obj, copies)
+        ):
             group = h5py.Group(
                 h5py.h5g.create(dst.id, name.encode(), gcpl=obj.id.get_create_plist())
             )
             copy_attrs(obj, group)
-            _copy_tree(obj, group, dropped)
+            _copy_tree(obj, group, dropped, copies)
             if not len(group) and not len(group.attrs) and len(obj):
                 del dst[name]  # emptied by the rewrite, and nothing else to keep
+        elif (
+            isinstance(obj, h5py.Dataset)
+            and _linked_once(obj)
+            and raw_copyable(obj, copies.source_size)
+        ):
+            copies.add(obj, dst, name)
         else:
             src.copy(obj, dst, name=name)
+
+
+def _linked_once(obj: Any) -> bool:
+    return int(h5py.h5o.get_info(obj.id).rc) == 1
+
+
+def _raw_below(group: h5py.Group, copies: RawCopies) -> bool:
+    """Whether ``group`` holds a dataset to copy raw, and copying it object by object keeps it
+    as it is: no object in it is linked twice (one object copy of the group keeps the two
+    links to one object; copies of each would make two)."""
+    found = False
+    for obj in _walk(group):
+        if not _linked_once(obj):
+            return False
+        found = found or (isinstance(obj, h5py.Dataset) and raw_copyable(obj, copies.source_size))
+    return found and _linked_once(group)
+
+
+def _walk(group: h5py.Group) -> Iterator[Any]:
+    for obj in group.values():
+        yield obj
+        if isinstance(obj, h5py.Group):
+            yield from _walk(obj)
 
 
 def h5_groups(group: h5py.Group) -> Iterator[tuple[str, h5py.Group]]:

@@ -54,6 +54,19 @@ def read_rows(ds: h5py.Dataset, rows: Any, file: Path, what: str) -> np.ndarray:
         ) from None
 
 
+def contiguous_span(ds: h5py.Dataset, file_size: int) -> tuple[int, int] | None:
+    """``(offset, nbytes)`` of a contiguous dataset's allocated storage, where it lies whole
+    inside a file of ``file_size`` bytes; ``None`` for other layouts or unallocated storage."""
+    dsid = ds.id
+    if dsid.get_create_plist().get_layout() != h5py.h5d.CONTIGUOUS:
+        return None
+    offset = dsid.get_offset()
+    nbytes = math.prod(ds.shape) * ds.dtype.itemsize
+    if offset is None or not nbytes or offset + nbytes > file_size:
+        return None
+    return int(offset), int(nbytes)
+
+
 class H5Leaf(LazyLeaf):
     """An h5py dataset read and written by row slices."""
 
@@ -111,17 +124,9 @@ class H5Leaf(LazyLeaf):
         file, if they lie inside it; ``None`` otherwise."""
         if self._offset is None:
             self._offset = False
-            offset = self.ds.id.get_offset()
-            dtype = self.ds.dtype
-            nbytes = math.prod(self.shape) * dtype.itemsize
-            if (
-                self.ds.id.get_create_plist().get_layout() == h5py.h5d.CONTIGUOUS
-                and offset is not None
-                and nbytes
-                and dtype.byteorder in "=<|"
-                and offset + nbytes <= self.file.stat().st_size
-            ):
-                self._offset = offset
+            span = contiguous_span(self.ds, self.file.stat().st_size)
+            if span is not None and self.ds.dtype.byteorder in "=<|":
+                self._offset = span[0]
         return self._offset if self._offset is not False else None
 
     def __del__(self) -> None:

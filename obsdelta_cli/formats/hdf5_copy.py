@@ -1,0 +1,122 @@
+"""Copies of large untouched HDF5 datasets by their raw bytes: a contiguous dataset is
+recreated with its source's exact type, dataspace, creation properties and attributes, and its
+bytes are copied by the kernel (``copy_file_range``, page cache to page cache).
+
+HDF5's own object copy (``H5Ocopy``) moves the values through a user-space buffer in small
+pieces. Every other object (chunked, compact, small, variable-length or reference-typed
+datasets, committed types) keeps HDF5's object copy.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import h5py
+
+from .hdf5_leaves import contiguous_span
+
+#: Datasets smaller than this are copied by HDF5: a thread would not pay.
+RAW_COPY_MIN = 1 << 20
+#: Bytes copied per call.
+PIECE_BYTES = 64 << 20
+#: Kinds of dtype whose stored bytes mean the same in any file (no heap or object addresses).
+_PLAIN_KINDS = "biufc"
+
+
+def _fill_on_allocation(dcpl: h5py.h5p.PropDCID) -> bool:
+    """Whether allocating the storage writes fill values (wasted work before a raw copy)."""
+    when = dcpl.get_fill_time()
+    if when == h5py.h5d.FILL_TIME_ALLOC:
+        return True
+    user_fill = dcpl.fill_value_defined() == h5py.h5d.FILL_VALUE_USER_DEFINED
+    return when == h5py.h5d.FILL_TIME_IFSET and user_fill
+
+
+def raw_copyable(ds: h5py.Dataset, file_size: int) -> bool:
+    """A large contiguous dataset of plain numbers, stored whole inside its file."""
+    span = contiguous_span(ds, file_size)
+    if span is None or span[1] < RAW_COPY_MIN or ds.dtype.kind not in _PLAIN_KINDS:
+        return False
+    dcpl = ds.id.get_create_plist()
+    return (
+        ds.dtype.fields is None
+        and dcpl.get_external_count() == 0
+        and not ds.id.get_type().committed()
+        and not _fill_on_allocation(dcpl)
+    )
+
+
+class RawCopies:
+    """Datasets of one output whose raw bytes are copied from one input by the kernel.
+
+    :meth:`add` creates each dataset like its source (allocated, not yet filled); :meth:`copy`
+    fills all of them, and must run before the output is read, hashed or closed. It runs after
+    the next observations are encoded: the observations are then in the page cache, and the
+    disk is not asked to read two places at once.
+    """
+
+    def __init__(self, source: Path, out: h5py.File, out_fd: int) -> None:
+        self.source, self.out, self.out_fd = source, out, out_fd
+        self.source_size = source.stat().st_size
+        self.spans: list[tuple[int, h5py.Dataset, int]] = []
+
+    def add(self, ds: h5py.Dataset, group: h5py.Group, name: str) -> h5py.Dataset:
+        """Create ``name`` in ``group`` like ``ds`` (type, dataspace, creation properties,
+        attributes); its values are copied by :meth:`copy`."""
+        dsid = ds.id
+        new = h5py.Dataset(
+            h5py.h5d.create(
+                group.id,
+                name.encode(),
+                dsid.get_type(),
+                dsid.get_space(),
+                dcpl=dsid.get_create_plist(),
+            )
+        )
+        for attr in ds.attrs:
+            new.attrs.create(attr, ds.attrs[attr], dtype=ds.attrs.get_id(attr).dtype)
+        # Writing one value allocates the whole contiguous storage (the creation properties,
+        # allocation time included, stay the source's); the raw copy overwrites it.
+        first = (0,) * ds.ndim
+        new[first] = ds[first]
+        span = contiguous_span(ds, self.source_size)
+        assert span is not None  # raw_copyable said so
+        self.spans.append((span[0], new, span[1]))
+        return new
+
+    def copy(self) -> None:
+        """Copy every added dataset's bytes (once; later calls do nothing)."""
+        spans, self.spans = self.spans, []
+        if not spans:
+            return
+        self.out.flush()  # nothing HDF5 buffered for these datasets may land after the copy
+        fd = os.open(self.source, os.O_RDONLY)
+        try:
+            for src_offset, new, nbytes in spans:
+                dst_offset = new.id.get_offset()
+                if dst_offset is None:  # pragma: no cover - allocated by add()
+                    raise OSError(errno.EIO, f"{new.name}: storage was not allocated")
+                self._copy(fd, src_offset, int(dst_offset), nbytes)
+        finally:
+            os.close(fd)
+
+    def _copy(self, fd: int, src: int, dst: int, nbytes: int) -> None:
+        done = 0
+        kernel = True
+        while done < nbytes:
+            count = min(PIECE_BYTES, nbytes - done)
+            if kernel:
+                try:
+                    n = os.copy_file_range(fd, self.out_fd, count, src + done, dst + done)
+                except OSError as exc:
+                    if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                        raise
+                    kernel = False  # another file system, or no kernel support: read and write
+                    continue
+            else:
+                n = os.pwrite(self.out_fd, os.pread(fd, count, src + done), dst + done)
+            if n <= 0:
+                raise OSError(errno.EIO, f"{self.source}: short read at offset {src + done}")
+            done += n

@@ -1,0 +1,187 @@
+"""Raw copies of large contiguous HDF5 datasets (``formats/hdf5_copy.py``): which datasets take
+them, that the copy is the object HDF5's own copy would make, and that a failed copy is one
+error line with nothing left behind."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+
+from obsdelta_cli import compress, inflate, verify
+from obsdelta_cli.formats import hdf5_copy
+from obsdelta_cli.formats.hdf5_copy import RAW_COPY_MIN, RawCopies, raw_copyable
+from obsdelta_cli.formats.hdf5_objects import hash_objects
+
+from .realistic import hopper_rollout
+from .test_cli_errors import expect_error
+from .test_hdf5 import describe
+
+ROWS = 50_000  # every row dataset of Hopper's shapes is over RAW_COPY_MIN but rewards
+
+
+def _dcpl(**kw: Any) -> Callable[[h5py.Group, str, np.ndarray], h5py.Dataset]:
+    def make(f: h5py.Group, name: str, data: np.ndarray) -> h5py.Dataset:
+        return f.create_dataset(name, data=data, **kw)
+
+    return make
+
+
+def _user_fill_ifset(f: h5py.Group, name: str, data: np.ndarray) -> h5py.Dataset:
+    return f.create_dataset(name, data=data, fillvalue=7)
+
+
+def _user_fill_never(f: h5py.Group, name: str, data: np.ndarray) -> h5py.Dataset:
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_fill_value(np.array(7, data.dtype))
+    dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+    space = h5py.h5s.create_simple(data.shape)
+    tid = h5py.h5t.py_create(data.dtype)
+    ds = h5py.Dataset(h5py.h5d.create(f.id, name.encode(), tid, space, dcpl=dcpl))
+    ds[...] = data
+    return ds
+
+
+def _committed(f: h5py.Group, name: str, data: np.ndarray) -> h5py.Dataset:
+    f["shared_type"] = data.dtype
+    return f.create_dataset(name, data=data, dtype=f["shared_type"])
+
+
+def _never_written(f: h5py.Group, name: str, data: np.ndarray) -> h5py.Dataset:
+    return f.create_dataset(name, shape=data.shape, dtype=data.dtype)
+
+
+BIG = np.arange(RAW_COPY_MIN // 4, dtype=np.float32).reshape(-1, 4)
+CASES: dict[str, tuple[Callable[..., h5py.Dataset], np.ndarray, bool]] = {
+    "contiguous float32": (_dcpl(), BIG, True),
+    "big-endian float64": (_dcpl(), BIG.astype(">f8"), True),
+    "bool": (_dcpl(), np.ones((RAW_COPY_MIN, 2), bool), True),
+    "user fill, never written on allocation": (_user_fill_never, BIG, True),
+    "chunked": (_dcpl(chunks=(1024, 4)), BIG, False),
+    "gzip": (_dcpl(compression="gzip"), BIG, False),
+    "small": (_dcpl(), BIG[:1000], False),
+    "compound": (_dcpl(), np.zeros(RAW_COPY_MIN, dtype=[("a", "f4"), ("b", "i4")]), False),
+    "fixed strings": (_dcpl(), np.full(RAW_COPY_MIN, b"abcd", dtype="S4"), False),
+    "user fill written on allocation": (_user_fill_ifset, BIG, False),
+    "committed type": (_committed, BIG, False),
+    "never written": (_never_written, BIG, False),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_which_datasets_are_copied_raw(case: str, tmp_path: Path) -> None:
+    make, data, expected = CASES[case]
+    path = tmp_path / "f.h5"
+    with h5py.File(path, "w") as f:
+        make(f, "x", data)
+    with h5py.File(path, "r") as f:
+        assert raw_copyable(f["x"], path.stat().st_size) is expected
+
+
+def _d4rl_with_odd_objects(path: Path) -> Path:
+    """A D4RL file whose large datasets carry what an object copy must keep: attributes of
+    several types in creation order, big-endian values, a user fill value never written."""
+    r = hopper_rollout(ROWS)
+    with h5py.File(path, "w") as f:
+        obs = f.create_dataset("observations", data=r.observations)
+        f.create_dataset("next_observations", data=r.next_observations)
+        f.create_dataset("actions", data=r.actions.astype(">f8"))
+        _user_fill_never(f.require_group("infos"), "qpos", r.qpos)
+        f.create_dataset("infos/qvel", data=r.qvel, track_order=True)
+        f.create_dataset("rewards", data=r.rewards)
+        f.create_dataset("terminals", data=r.terminals)
+        f.create_dataset("timeouts", data=r.timeouts)
+        obs.attrs["units"] = "rad"
+        obs.attrs.create("scale", np.float16(0.5))
+        obs.attrs["dims"] = np.arange(11, dtype=">i2")
+        for i, name in enumerate(("z", "a", "m")):
+            f["infos/qvel"].attrs[name] = i
+    return path
+
+
+def test_a_raw_copy_is_the_object_hdf5_would_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = _d4rl_with_odd_objects(tmp_path / "in.hdf5")
+    added: list[str] = []
+    original_add = RawCopies.add
+
+    def spy(self: RawCopies, ds: h5py.Dataset, group: h5py.Group, name: str) -> h5py.Dataset:
+        added.append(ds.name)
+        return original_add(self, ds, group, name)
+
+    monkeypatch.setattr(RawCopies, "add", spy)
+    out, back = tmp_path / "out.h5", tmp_path / "back.hdf5"
+    compress(src, out, codec="exact")
+    assert sorted(added) == ["/actions", "/infos/qpos", "/infos/qvel", "/observations"]
+    copied = {name.lstrip("/") for name in added}
+    # The same object as stored: type, dataspace, creation properties, raw bytes, attributes.
+    with h5py.File(src, "r") as f, h5py.File(out, "r") as g:
+        want = hash_objects(f, src, lambda n: n not in copied)
+        got = hash_objects(g, out, lambda n: n not in copied)
+        assert got == {k: v for k, v in want.items() if k != "@"} | {"@": got["@"]}
+        for name in copied:
+            a, b = f[name].id.get_create_plist(), g[name].id.get_create_plist()
+            assert b.get_alloc_time() == a.get_alloc_time()
+            assert b.get_fill_time() == a.get_fill_time()
+            assert list(g[name].attrs) == list(f[name].attrs)
+            assert g[name].id.get_type().equal(f[name].id.get_type())
+    stored, original = describe(out), describe(src)
+    assert all(stored[name] == original[name] for name in copied)
+    verify(out)
+    inflate(out, back)
+    assert describe(back) == original
+    with h5py.File(src, "r") as f, h5py.File(back, "r") as g:
+        for name in copied | {"next_observations"}:
+            assert g[name][()].tobytes() == f[name][()].tobytes(), name
+
+
+def test_without_kernel_copies_the_bytes_are_read_and_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = _d4rl_with_odd_objects(tmp_path / "in.hdf5")
+    compress(src, tmp_path / "kernel.h5", codec="exact")
+    calls: list[int] = []
+
+    def cross_device(*args: Any) -> int:
+        calls.append(1)
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(hdf5_copy.os, "copy_file_range", cross_device)
+    compress(src, tmp_path / "plain.h5", codec="exact")
+    assert calls  # the kernel copy was tried, then the bytes went through pread and pwrite
+    assert (tmp_path / "plain.h5").read_bytes() == (tmp_path / "kernel.h5").read_bytes()
+    verify(tmp_path / "plain.h5")
+
+
+def test_a_failed_raw_copy_is_one_error_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: Any
+) -> None:
+    src = _d4rl_with_odd_objects(tmp_path / "in.hdf5")
+    out = tmp_path / "out.h5"
+
+    def full(*args: Any) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(hdf5_copy.os, "copy_file_range", full)
+    expect_error(cli, "compress", src, "-o", out, says=["No space left on device"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.hdf5"]
+
+
+def test_a_dataset_linked_twice_stays_one_object(tmp_path: Path) -> None:
+    src = _d4rl_with_odd_objects(tmp_path / "in.hdf5")
+    with h5py.File(src, "a") as f:
+        f["infos/alias"] = f["infos/qvel"]  # a second hard link to the same dataset
+    out, back = tmp_path / "out.h5", tmp_path / "back.hdf5"
+    compress(src, out, codec="exact")
+    inflate(out, back)
+    for path in (out, back):
+        with h5py.File(path, "r") as f:
+            a, b = h5py.h5o.get_info(f["infos/alias"].id), h5py.h5o.get_info(f["infos/qvel"].id)
+            assert a.addr == b.addr and a.rc == 2, path
