@@ -18,7 +18,7 @@ from obsdelta_cli.formats.ted_pt import PT_FILE, SKELETON, load, tensor_bytes
 from obsdelta_cli.formats.zip_skeleton import Hole, Layout, find, write
 from obsdelta_cli.manifest import content_hash
 
-VARIANTS = ["plain", "consolidated", "non-tensor", "dtypes", "no-crc", "empty-leaf"]
+VARIANTS = ["plain", "consolidated", "non-tensor", "dtypes", "no-crc", "empty-leaf", "many-equal"]
 
 
 def _saved(td: TensorDictBase, variant: str, path: Path) -> Path:
@@ -34,6 +34,9 @@ def _saved(td: TensorDictBase, variant: str, path: Path) -> Path:
         td["observation"] = td["observation"].to(torch.bfloat16)
     elif variant == "empty-leaf":
         td["mask"] = torch.zeros(*td.batch_size, 0)
+    elif variant == "many-equal":  # evenly spaced records of one size: one mapping only
+        for i in range(300):
+            td["extra", f"k{i}"] = td["action"] + i
     if variant == "no-crc":  # torch can be told not to compute CRC-32s (faster saves)
         torch.serialization.set_crc32_options(False)
     try:
@@ -57,7 +60,8 @@ def test_skeleton_and_tensors_give_the_file_back(
     assert found is not None
     layout, skeleton = found
     data = sum(t.numel() * t.element_size() for t in tensors.values() if is_tensor(t))
-    assert len(skeleton) == layout.skeleton_bytes == layout.size - data < 8 << 10
+    assert len(skeleton) == layout.skeleton_bytes == layout.size - data
+    assert len(skeleton) < (8 << 10) + 256 * len(tensors)  # the pickle and zip headers
     layout = Layout.from_json(json.loads(json.dumps(layout.to_json())), src)
     write(tmp_path / "out.pt", layout, skeleton, lambda h: [tensor_bytes(tensors[h.ref])])
     assert (tmp_path / "out.pt").read_bytes() == src.read_bytes()

@@ -209,13 +209,18 @@ def find(path: Path, tensors: Mapping[Key, Any]) -> tuple[Layout, bytes] | None:
     mappings: list[dict[int, Record]] = []
     if storages:
         first = min(storages)
+        # Highest first: with a base too low, the highest storage lands past the last record.
+        descending = sorted(storages.items(), reverse=True)
         for candidate in by_start.values():
-            base = first - candidate.start
-            found = {a: by_start.get(a - base) for a in storages}
-            mapped = {a: r for a, r in found.items() if r is not None}
-            if len(mapped) == len(storages) and all(
-                r.end - r.start == storages[a] for a, r in mapped.items()
-            ):
+            if candidate.end - candidate.start != storages[first]:
+                continue
+            base, mapped = first - candidate.start, {}
+            for address, nbytes in descending:
+                record = by_start.get(address - base)
+                if record is None or record.end - record.start != nbytes:
+                    break
+                mapped[address] = record
+            else:
                 mappings.append(mapped)
     if len(mappings) != (1 if storages else 0):
         return None  # no mapping, or (in a file of evenly spaced equal records) no single one
@@ -226,11 +231,13 @@ def find(path: Path, tensors: Mapping[Key, Any]) -> tuple[Layout, bytes] | None:
     )
     if any(a.offset + a.size > b.offset for a, b in itertools.pairwise(holes)):
         return None  # overlapping views
-    used = sorted(set(mapping.values()), key=lambda r: r.start)
-    for r in used:
-        inside = [h for h in holes if r.start <= h.offset < r.end]
-        if r.end - r.start - sum(h.size for h in inside) > _PADDING * len(inside):
+    filled: dict[int, list[int]] = {}  # storage address: its tensors' bytes
+    for address, _, nbytes in spans.values():
+        filled.setdefault(address, []).append(nbytes)
+    for address, sizes in filled.items():
+        if storages[address] - sum(sizes) > _PADDING * len(sizes):
             return None  # a storage holds more than its tensors: kept only by saving anew
+    used = sorted(set(mapping.values()), key=lambda r: r.start)
     layout = Layout(path.stat().st_size, tuple(holes), tuple(used))
     skeleton = bytearray()
     with path.open("rb") as fh:
@@ -282,9 +289,11 @@ def write(
             at = hole.offset + hole.size
         yield skel[index(at) : index(end)]
 
-    for record in layout.records:
-        inside = layout.holes[bisect.bisect_left(starts, record.start) :]
-        if record.crc_at and any(h.ref in changed for h in inside if h.offset < record.end):
+    for record in layout.records if changed else ():
+        inside = layout.holes[
+            bisect.bisect_left(starts, record.start) : bisect.bisect_left(starts, record.end)
+        ]
+        if record.crc_at and any(h.ref in changed for h in inside):
             crc = 0
             for piece in pieces(record.start, record.end):
                 crc = zlib.crc32(piece, crc)
