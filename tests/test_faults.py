@@ -19,7 +19,6 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-import torch
 from tensordict import TensorDictBase
 
 from obsdelta_cli import compress, inflate, verify
@@ -40,13 +39,6 @@ def _content(path: Path) -> str:
     """What a reader gets back: file names and bytes; for HDF5, every object's values, dtype,
     shape and attributes (the bytes of an HDF5 file may differ where nothing reads them)."""
     h = hashlib.sha256()
-    if path.suffix == ".pt":  # torch.save names its records after the file: compare values
-        td = torch.load(path, weights_only=False)
-        for key in td.keys(True, True):
-            value = td[key]
-            h.update(f"{key}{value.dtype}{tuple(value.shape)}".encode())
-            h.update(value.contiguous().view(torch.uint8).numpy().tobytes())
-        return h.hexdigest()
     if path.is_file() and path.suffix in (".hdf5", ".h5"):
         with h5py.File(path, "r") as f:
 
@@ -81,7 +73,8 @@ def _flip(path: Path, rng: random.Random) -> str:
 
 
 def run_flips(kind: str, codec: str, hopper: TensorDictBase, tmp: Path, flips: int) -> dict:
-    src = WRITERS[kind](hopper[:600], tmp / "in")
+    # A copy of the rows, as saved on their own (torch.save of a view writes the whole storage).
+    src = WRITERS[kind](hopper[:600].clone(), tmp / "in")
     small = tmp / f"small{src.suffix}"
     compress(src, small, codec=codec)
     inflate(small, tmp / f"ref{src.suffix}")

@@ -8,19 +8,23 @@ one line on stderr naming the file, nothing written.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import struct
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 import torch
+import xxhash
 from tensordict import TensorDict, TensorDictBase
 
 from obsdelta_cli import compress, inflate
 from obsdelta_cli.errors import InputError
 from obsdelta_cli.formats.ted_pt import load
+from obsdelta_cli.manifest import content_hash
 
 from .conftest import SAMPLE, Cli, tree_hash
 from .test_cli_errors import expect_error
@@ -80,6 +84,52 @@ def test_pickle_with_code_is_refused(cli: Cli, tmp_path: Path, kind: str, comman
     assert not marker.exists(), "the pickle ran"
 
 
+@pytest.mark.parametrize("kind", ["object", "legacy", "raw-pickle", "in-tensordict", "in-meta"])
+@pytest.mark.parametrize("command", ["compress", "report"])
+def test_pickle_with_code_is_refused_by_pack(
+    cli: Cli, tmp_path: Path, kind: str, command: str
+) -> None:
+    marker = tmp_path / "MARKER"
+    src = _hostile_pt(kind, tmp_path, marker)
+    out = ["-o", tmp_path / "out.h5"] if command == "compress" else []
+    says = [src, "posix.system", "does not load", "if you trust this file"]
+    expect_error(cli, command, src, "--pack", *out, says=says)
+    assert not marker.exists(), "the pickle ran"
+    assert not (tmp_path / "out.h5").exists()
+
+
+def test_packed_pt_with_code_in_its_pickle_is_refused(
+    cli: Cli, tmp_path: Path, cheetah: TensorDictBase
+) -> None:
+    """A packed file whose compressed .pt pickle was replaced by one that calls a function,
+    with every hash made to match, is written back and then refused unrun by inflate."""
+    src = tmp_path / "in.pt"
+    torch.save(cheetah, src)
+    packed = tmp_path / "p.h5"
+    compress(src, packed, pack=True)
+    marker = tmp_path / "MARKER"
+    with h5py.File(packed, "r+") as f:
+        meta = json.loads(f.attrs["obsdelta"])
+        skeleton = bytearray(f["obsdelta/pack/skeleton"][()].tobytes())
+        # The pickle is the first record's data: same length, so every offset stays valid.
+        name_len, extra_len = struct.unpack_from("<HH", skeleton, 26)
+        start = 30 + name_len + extra_len
+        end = skeleton.index(b"PK\x07\x08", start)
+        hostile = pickle.dumps(_Touch(marker), protocol=2)
+        assert len(hostile) <= end - start
+        skeleton[start : start + len(hostile)] = hostile
+        del f["obsdelta/pack/skeleton"]
+        f["obsdelta/pack/skeleton"] = np.frombuffer(bytes(skeleton), np.uint8).view("V1")
+        meta["pack"]["skeleton"] = xxhash.xxh3_64_hexdigest(bytes(skeleton))
+        meta["manifest_hash"] = content_hash(
+            {k: v for k, v in meta.items() if k != "manifest_hash"}
+        )
+        f.attrs["obsdelta"] = json.dumps(meta)
+    says = ["posix.system", "does not load", "if you trust this file"]
+    expect_error(cli, "inflate", packed, "-o", tmp_path / "back.pt", says=says)
+    assert not marker.exists(), "the pickle ran"
+
+
 def test_a_real_pickle_would_have_run(tmp_path: Path) -> None:
     """The hostile files above are live: a plain ``torch.load`` runs them."""
     marker = tmp_path / "MARKER"
@@ -115,7 +165,8 @@ def _variants(td: TensorDictBase, tmp_path: Path) -> dict[str, Path]:
 def test_genuine_tensordict_pt_round_trips(
     request: pytest.FixtureRequest, tmp_path: Path, data: str
 ) -> None:
-    """Batch [T] and [B, T]; plain, locked, consolidated; compressed files load the same way."""
+    """Batch [T] and [B, T]; plain, locked, consolidated; compressed files load the same way.
+    A lossless round trip gives back the file saved, byte for byte."""
     td: TensorDictBase = request.getfixturevalue(data)
     for name, src in _variants(td, tmp_path).items():
         for codec in ("exact", "fp16"):
@@ -129,6 +180,8 @@ def test_genuine_tensordict_pt_round_trips(
                 0 if codec == "exact" else 1e-2
             ), (name, codec)
             assert torch.equal(got["observation"], td["observation"])
+            if codec == "exact":
+                assert back.read_bytes() == src.read_bytes(), name
 
 
 def test_cli_on_genuine_pt(cli: Cli, tmp_path: Path) -> None:

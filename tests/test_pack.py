@@ -3,6 +3,7 @@ from, verified, predicted by ``report --pack`` and inflated back to the original
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -16,16 +17,18 @@ from tensordict import TensorDictBase
 
 from obsdelta_cli import compress, inflate, open_dataset, report, verify
 from obsdelta_cli.errors import DataError, ObsdeltaError
+from obsdelta_cli.filters import MIN_PACK_BYTES
 from obsdelta_cli.formats import detect
 from obsdelta_cli.formats.packed import NAME, TRANSFORM_ATTR
 from obsdelta_cli.manifest import FORMAT_VERSION
 
 from .conftest import SAMPLE, Cli, tree_hash
-from .writers import write_memmap, write_ted_hdf5
+from .writers import write_memmap, write_minari, write_pt, write_ted_hdf5
 
-INPUTS = ["ted-memmap", "torchrl-rb", "d4rl-hdf5", "robomimic-hdf5", "ted-hdf5"]
+INPUTS = ["ted-memmap", "ted-pt", "torchrl-rb", "d4rl-hdf5", "robomimic-hdf5", "ted-hdf5"]
 SAMPLES = {
     "ted-memmap": "hopper_ted",
+    "ted-pt": "halfcheetah_ted.pt",
     "torchrl-rb": "hopper_rb",
     "d4rl-hdf5": "hopper_d4rl.hdf5",
     "robomimic-hdf5": "hopper_robomimic.hdf5",
@@ -34,7 +37,8 @@ SAMPLES = {
 
 @pytest.fixture(params=INPUTS)
 def source(request: pytest.FixtureRequest, tmp_path: Path, hopper: TensorDictBase) -> Path:
-    """A real Hopper rollout in each input format --pack takes (copied: never written to)."""
+    """A real rollout in each input format --pack takes (copied: never written to): Hopper,
+    and HalfCheetah [4, 250] as saved by torch.save."""
     name = request.param
     if name == "ted-hdf5":
         return write_ted_hdf5(hopper, tmp_path / "in")
@@ -77,9 +81,11 @@ def h5_objects(path: Path) -> dict[str, object]:
 
 
 def same_container(a: Path, b: Path) -> None:
-    """Folders byte for byte; HDF5 files object for object."""
+    """Folders and ``.pt`` files byte for byte; HDF5 files object for object."""
     if a.is_dir():
         assert tree_hash(a) == tree_hash(b)
+    elif a.suffix == ".pt":
+        assert a.read_bytes() == b.read_bytes()
     else:
         assert h5_objects(a) == h5_objects(b)
 
@@ -252,11 +258,12 @@ def test_cli_pack_and_report_pack(cli: Cli, tmp_path: Path) -> None:
     assert h5_objects(src) == h5_objects(tmp_path / "back.hdf5")
 
 
-def test_pack_refuses_a_pt_input_in_one_line(cli: Cli, tmp_path: Path) -> None:
-    result = cli(
-        "compress", SAMPLE / "halfcheetah_ted.pt", "-o", tmp_path / "p.h5", "--pack", code=2
-    )
-    assert "--pack does not take ted-pt" in result.stderr
+def test_pack_refuses_a_minari_input_in_one_line(
+    cli: Cli, tmp_path: Path, hopper: TensorDictBase
+) -> None:
+    src = write_minari(hopper, tmp_path / "in")
+    result = cli("compress", src, "-o", tmp_path / "p.h5", "--pack", code=2)
+    assert "--pack does not take minari-hdf5" in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "p.h5").exists()
 
@@ -267,3 +274,79 @@ def test_pack_refuses_an_existing_output(cli: Cli, tmp_path: Path) -> None:
     result = cli("compress", SAMPLE / "hopper_ted", "-o", out, "--pack", code=1)
     assert "already exists" in result.stderr
     assert out.read_bytes() == b"keep me"
+
+
+# ---------------------------------------------------------------------------------------------
+# .pt inputs
+
+
+def test_pack_of_a_pt_holds_every_tensor_at_its_key(
+    tmp_path: Path, cheetah: TensorDictBase
+) -> None:
+    """Each tensor leaf of the compressed TensorDict is a dataset at its key's path with the
+    leaf's values, the large ones chunked along the first dimension and filtered."""
+    src = write_pt(cheetah, tmp_path / "in")
+    compress(src, tmp_path / "p.h5", codec="fp16", pack=True)
+    filtered = []
+    with h5py.File(tmp_path / "p.h5") as f:
+        for key, leaf in cheetah.items(True, True):
+            if key == ("next", "observation"):
+                key = ("next", "delta", "observation")
+                leaf = (cheetah["next", "observation"] - cheetah["observation"]).half()
+            name = "/".join(key if isinstance(key, tuple) else (key,))
+            ds = f[name]
+            assert ds.shape == tuple(leaf.shape)
+            assert np.array_equal(ds[()], leaf.numpy()), key
+            if ds.nbytes >= MIN_PACK_BYTES:
+                assert ds.chunks[1:] == ds.shape[1:] and ds.compression, key
+                filtered.append(name)
+    assert {"observation", "next/delta/observation", "action"} <= set(filtered)
+
+
+@pytest.mark.parametrize("where", ["pack skeleton", "original skeleton"])
+def test_pack_of_a_pt_catches_a_changed_skeleton_byte(
+    tmp_path: Path, cheetah: TensorDictBase, where: str
+) -> None:
+    """Both skeletons, the compressed .pt's (written back by inflate before anything else)
+    and the original file's, are checked by verify and refused by inflate."""
+    src = write_pt(cheetah, tmp_path / "in")
+    packed = tmp_path / "p.h5"
+    compress(src, packed, pack=True)
+    with h5py.File(packed, "r+") as f:
+        meta = json.loads(f.attrs["obsdelta"])
+        index = meta["pack"]["arrays"].index("pt.skeleton")
+        name = (
+            "obsdelta/pack/skeleton"
+            if where == "pack skeleton"
+            else f"obsdelta/pack/files/f{index}"
+        )
+        raw = f[name][()]
+        raw.view(np.uint8)[len(raw) // 2] ^= 4
+        del f[name]
+        f.create_dataset(name, data=raw)
+    with pytest.raises(DataError, match="checksum mismatch"):
+        verify(packed)
+    with pytest.raises(ObsdeltaError):
+        inflate(packed, tmp_path / "back.pt")
+    assert not (tmp_path / "back.pt").exists()
+
+
+@pytest.mark.parametrize("saved", ["consolidated", "view"])
+def test_pack_of_a_pt_whose_leaves_share_a_storage(
+    tmp_path: Path, cheetah: TensorDictBase, saved: str
+) -> None:
+    """Leaves that are views of one storage: a consolidated TensorDict (the storage holds
+    their values only) comes back byte for byte; rows of a larger rollout (torch.save writes
+    every row of the storage) come back as the same TensorDict, saved anew."""
+    src = tmp_path / "in.pt"
+    td = cheetah.consolidate() if saved == "consolidated" else cheetah[:, :100]
+    torch.save(td, src)
+    compress(src, tmp_path / "p.h5", pack=True)
+    verify(tmp_path / "p.h5")
+    inflate(tmp_path / "p.h5", tmp_path / "back.pt")
+    assert (src.read_bytes() == (tmp_path / "back.pt").read_bytes()) == (saved == "consolidated")
+    back = torch.load(tmp_path / "back.pt", weights_only=False)
+    assert back.batch_size == td.batch_size
+    assert list(back.keys(True, True)) == list(td.keys(True, True))
+    for key, leaf in td.items(True, True):
+        assert torch.equal(back[key], leaf), key

@@ -26,7 +26,7 @@ from .verify import verify_written
 #: Working folders beside OUTPUT: ``.OUTPUT.obsdelta-pack-PID``.
 WORK_MARK = ".obsdelta-pack-"
 #: Inputs ``--pack`` takes, by format name.
-PACKABLE = ("ted-memmap", "torchrl-rb", "d4rl-hdf5", "robomimic-hdf5", "ted-hdf5")
+PACKABLE = ("ted-memmap", "ted-pt", "torchrl-rb", "d4rl-hdf5", "robomimic-hdf5", "ted-hdf5")
 
 
 def _work_dir(output: Path) -> Path:

@@ -47,7 +47,7 @@ from .hdf5 import (
 )
 from .hdf5_leaves import BF16_ATTR, META_ATTR, OWN, numpy_dtype, torch_dtype
 from .hdf5_meta import MANIFEST, write_meta
-from .leaf import FileLeaf
+from .leaf import FileLeaf, LazyLeaf
 from .packed import (
     COMMAND_CACHE_BYTES,
     FILES,
@@ -171,6 +171,10 @@ def pack(inner: Source, inner_name: str, manifest: Manifest, out: Path, chooser:
     with h5_output(out, LIBVER) as f:
         if isinstance(inner.handle, h5py.File):
             info = _pack_hdf5(inner.handle, f, chooser)
+        elif inner_name == "ted-pt":
+            from .pack_pt import pack_pt  # it builds on this module
+
+            info = pack_pt(inner, f, chooser)
         else:
             info = _pack_folder(inner, f, chooser)
         write_meta(f, packed_manifest(manifest, inner_name, info).to_json())
@@ -280,10 +284,7 @@ def _pack_folder(inner: Source, out: h5py.File, chooser: Chooser) -> dict[str, A
     leaf_files: dict[str, Key] = {}
     entries: list[dict[str, Any]] = []
     for key, leaf in inner.leaves.items():
-        if key[0] == OWN or any(p in ("", ".", "..") or "/" in p for p in key):
-            raise UsageError(
-                f"key {key_str(key)!r} cannot be an HDF5 dataset name", file=root, key=key_str(key)
-            )
+        dataset_key(key, root)
         if isinstance(leaf, FileLeaf) and leaf.shape:
             rel = Path(leaf.path).relative_to(root).as_posix()
             leaf_files[rel] = key
@@ -311,7 +312,15 @@ def _pack_folder(inner: Source, out: h5py.File, chooser: Chooser) -> dict[str, A
     return {"kind": "folder", "leaves": entries, "files": files, "dirs": dirs, "datasets": datasets}
 
 
-def _pack_leaf(leaf: FileLeaf, key: Key, out: h5py.File, chooser: Chooser) -> dict[str, Any]:
+def dataset_key(key: Key, file: Path) -> None:
+    """Refuse a key that cannot be the path of a dataset of the packed file."""
+    if key[0] == OWN or any(p in ("", ".", "..") or "/" in p for p in key):
+        raise UsageError(
+            f"key {key_str(key)!r} cannot be an HDF5 dataset name", file=file, key=key_str(key)
+        )
+
+
+def _pack_leaf(leaf: LazyLeaf, key: Key, out: h5py.File, chooser: Chooser) -> dict[str, Any]:
     dtype = numpy_dtype(leaf.dtype)
     parent, name = key[:-1], key[-1]
     group = out.require_group(key_str(parent)) if parent else out
@@ -362,6 +371,10 @@ def unpack(packed: Source, manifest: Manifest, out: Path) -> None:
     inner = inner_manifest(manifest, packed.path)
     if info["kind"] == "folder":
         _unpack_folder(packed, info, inner, out)
+    elif info["kind"] == "pt":
+        from .pack_pt import unpack_pt
+
+        unpack_pt(packed, info, out)
     else:
         _unpack_hdf5(packed, info, inner, out)
 

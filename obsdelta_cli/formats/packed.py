@@ -13,7 +13,10 @@ dataset it was packed from, the *inner* container, whose name the manifest keeps
   twin under ``/obsdelta/pack/layout/<path>``, so ``inflate`` recreates each object as it was;
 - a folder inner keeps every other file (``meta.json`` files, replay-buffer metadata, pickles,
   exception rows) as an opaque byte dataset under ``/obsdelta/pack/files/``, named by index;
-  the manifest's ``pack`` entry lists their paths.
+  the manifest's ``pack`` entry lists their paths;
+- a ``.pt`` inner (:mod:`.pack_pt`) keeps its exception rows and the original file's skeleton
+  as opaque byte datasets under ``/obsdelta/pack/files/``, and what is left of the ``.pt``
+  file itself (its pickle and zip headers) as ``/obsdelta/pack/skeleton``.
 
 The manifest is the inner dataset's, with ``format`` ``packed-hdf5`` and a ``pack`` entry, so
 ``verify``, ``report`` and ``open_dataset`` read a packed file like any compressed dataset.
@@ -65,8 +68,9 @@ def pack_info(meta: dict[str, Any], file: Path) -> dict[str, Any]:
     kinds = {"kind": str, "datasets": dict, "inner_hash": str}
     if not isinstance(info, dict) or any(not isinstance(info.get(k), t) for k, t in kinds.items()):
         raise _damaged(file, "obsdelta metadata field pack is missing or malformed")
-    if info["kind"] == "folder":
-        for name in ("files", "dirs", "leaves"):
+    if info["kind"] in ("folder", "pt"):
+        names = ("files", "dirs", "leaves") if info["kind"] == "folder" else ("leaves", "arrays")
+        for name in names:
             if not isinstance(info.get(name), list):
                 raise _damaged(file, f"obsdelta metadata field pack.{name} is malformed")
     elif info["kind"] != "hdf5":
@@ -222,7 +226,7 @@ class Packed(Format):
                 arrays: ArrayStore = H5Arrays(f, path)
             else:
                 leaves = self._folder_leaves(f, path, info)
-                arrays = PackedFiles(f, path, {p: i for i, p in enumerate(info["files"])})
+                arrays = PackedFiles(f, path, _array_files(info))
         except (RuntimeError, OSError, KeyError, ValueError, TypeError) as exc:
             f.close()
             raise _damaged(path, f"cannot read the file's structure ({exc})") from None
@@ -267,6 +271,10 @@ class Packed(Format):
         file = Path(f.filename)
         meta = opened.meta if isinstance(opened, Source) else None
         info = pack_info(meta or {}, file)
+        if info["kind"] == "pt":  # its reads report damage themselves
+            from .pack_pt import pt_hashes  # it builds on this module
+
+            return pt_hashes(opened, file, info, skip)
         try:
             if info["kind"] == "folder":
                 return _folder_hashes(f, file, info, skip)
@@ -279,6 +287,13 @@ class Packed(Format):
 
     def finish(self, path: Path, sink: Sink, meta: dict[str, Any] | None) -> None:
         raise UsageError("a packed file is written by compress --pack", file=path)
+
+
+def _array_files(info: dict[str, Any]) -> dict[str, int]:
+    """Where each exception array of a folder or ``.pt`` inner is among the packed files."""
+    if info["kind"] == "pt":
+        return {f"obsdelta.arrays/{name}.bin": i for i, name in enumerate(info["arrays"])}
+    return {p: i for i, p in enumerate(info["files"])}
 
 
 def _folder_hashes(

@@ -5,6 +5,13 @@ containers and the few tensordict classes a saved TensorDict references (:data:`
 and refuses anything else in the pickle before it can run. A compressed ``.pt`` is still a
 TensorDict; its obsdelta metadata and exception rows are the non-tensor leaf ``_obsdelta`` at the
 root, a dict ``{"meta": <JSON string>, "arrays": {name: tensor}}``, which loads the same way.
+
+``compress`` also keeps the input file's skeleton (:mod:`.zip_skeleton`: every byte but the
+tensors' storages) as the array ``pt.skeleton``, its layout in the manifest (``pt_file``) and its
+hash among the manifest's objects, so ``inflate`` writes the original file back byte for byte.
+Where the file's storages hold more than the leaves' values (views of a larger tensor,
+overlapping views) or the file has no zip records (torch's legacy format), nothing is kept and
+``inflate`` saves the TensorDict anew with ``torch.save``.
 """
 
 from __future__ import annotations
@@ -14,14 +21,19 @@ import pickle
 import re
 import warnings
 import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import xxhash
 
 from ..errors import InputError
-from .base import ArrayStore, MemoryArrays, Sink, Source
-from .ted import TensorDictFormat
+from ..manifest import parse
+from .base import ArrayStore, Key, MemoryArrays, Plan, Sink, Source, key_str
+from .ted import TensorDictFormat, leaves_of
+from .zip_skeleton import Layout, find, write
 
 if TYPE_CHECKING:  # tensordict costs seconds to import; HDF5 work never needs it
     from tensordict import TensorDictBase
@@ -40,6 +52,10 @@ _TENSORDICT_GLOBALS = {
     "tensordict.tensorclass": ("NonTensorData", "NonTensorStack"),
     "tensordict.utils": ("_LockedSchema",),
 }
+#: Manifest entry with the layout of the original file, and the array holding its skeleton
+#: (also the name of the skeleton's hash among the manifest's objects).
+PT_FILE = "pt_file"
+SKELETON = "pt.skeleton"
 _UNSUPPORTED = re.compile(r"unsupported (?:global: )?GLOBAL (\S+)|unsupported operand (\S+)", re.I)
 
 
@@ -88,6 +104,58 @@ def _damaged(path: Path, exc: BaseException) -> InputError:
     )
 
 
+def tensor_bytes(t: torch.Tensor) -> Any:
+    """A tensor's bytes in memory order, as a buffer."""
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
+def original_file(
+    meta: dict[str, Any] | None, arrays: ArrayStore | None, file: Path
+) -> tuple[Layout, bytes] | None:
+    """The layout and skeleton of the ``.pt`` file a compressed dataset was compressed from,
+    where its manifest records them (``None`` for older files and unmapped inputs)."""
+    spec = (meta or {}).get(PT_FILE)
+    if spec is None:
+        return None
+    layout = Layout.from_json(spec, file)
+    return layout, _skeleton(layout, arrays, file)
+
+
+def _skeleton(layout: Layout, arrays: ArrayStore | None, file: Path) -> bytes:
+    if arrays is None:
+        raise InputError(f"array {SKELETON} is missing", file=file, hint="the file is damaged")
+    skeleton = arrays.get(SKELETON, torch.uint8, (layout.skeleton_bytes,))
+    return bytes(tensor_bytes(torch.as_tensor(skeleton[0 : layout.skeleton_bytes])))
+
+
+def original_hashes(
+    meta: dict[str, Any] | None, arrays: ArrayStore | None, file: Path
+) -> dict[str, str]:
+    """The hash of the original file's skeleton a compressed dataset keeps, by the name
+    :data:`SKELETON` (an object of the container, as :meth:`Format.object_hashes` gives them);
+    none where none is recorded."""
+    spec = (meta or {}).get(PT_FILE)
+    if spec is None:
+        return {}
+    layout = Layout.from_json(spec, file)
+    try:
+        skeleton = _skeleton(layout, arrays, file)
+    except InputError:
+        return {}  # missing or cut short: the caller reports the object as missing
+    return {SKELETON: xxhash.xxh3_64_hexdigest(skeleton)}
+
+
+@dataclass
+class PtSink(Sink):
+    """A ``.pt`` output being written. On compress: the input file's skeleton, if it maps. On
+    inflate: the original file's layout and skeleton, if recorded, and the leaves a lossy codec
+    rebuilt (their records' CRC-32 is computed again)."""
+
+    skeleton: bytes | None = None
+    original: tuple[Layout, bytes] | None = None
+    changed: frozenset[Key] = field(default_factory=frozenset)
+
+
 class TedPt(TensorDictFormat):
     name = "ted-pt"
     summary = "TensorDict saved with torch.save (.pt)"
@@ -128,6 +196,32 @@ class TedPt(TensorDictFormat):
             ) from None
         return self.source(path, obj.exclude(META_KEY), meta, arrays=MemoryArrays(arrays))
 
+    def create(self, path: Path, source: Source, plan: Plan) -> Sink:
+        base = super().create(path, source, plan)
+        sink = PtSink(**{f.name: getattr(base, f.name) for f in fields(Sink)})
+        if source.meta is None:  # compress: how the input file is laid out
+            found = find(source.path, source.leaves)
+            if found is not None:
+                layout, sink.skeleton = found
+                raw = torch.frombuffer(bytearray(sink.skeleton), dtype=torch.uint8)
+                sink.arrays.append(SKELETON, raw)
+                sink.extra[PT_FILE] = layout.to_json()
+            return sink
+        sink.original = original_file(source.meta, source.arrays, source.path)
+        if sink.original is not None:
+            for hole in sink.original[0].holes:
+                leaf = sink.leaves.get(hole.ref)
+                if not (isinstance(leaf, torch.Tensor) and _nbytes(leaf) == hole.size):
+                    raise InputError(
+                        f"the recorded layout of the .pt file has {hole.size} bytes for "
+                        f"{key_str(hole.ref)}, which is not a tensor of that size",
+                        file=source.path,
+                        hint="the compressed dataset is damaged; restore it from a copy",
+                    )
+            manifest = parse(source.meta, file=source.path)
+            sink.changed = frozenset(r.next_key for r in manifest.keys if not r.lossless)
+        return sink
+
     def materialise(
         self, path: Path, template: TensorDictBase, source: Source
     ) -> tuple[TensorDictBase, ArrayStore]:
@@ -135,8 +229,28 @@ class TedPt(TensorDictFormat):
 
     def finish(self, path: Path, sink: Sink, meta: dict[str, Any] | None) -> None:
         td = sink.handle
+        if meta is None and isinstance(sink, PtSink) and sink.original is not None:
+            # inflate: the original file, as it was
+            tensors = leaves_of(td)
+            layout, skeleton = sink.original
+            write(path, layout, skeleton, lambda h: [tensor_bytes(tensors[h.ref])], sink.changed)
+            return
         if meta is not None:
             assert isinstance(sink.arrays, MemoryArrays)
             entry = {"meta": json.dumps(meta), "arrays": sink.arrays.collect()}
             td.set_non_tensor(META_KEY, entry)
         torch.save(td, path)
+
+    def object_hashes(self, opened: Source | Sink, skip: Callable[[str], bool]) -> dict[str, str]:
+        """The skeleton of the original file, kept in a compressed ``.pt``."""
+        if isinstance(opened, PtSink):
+            found = {SKELETON: xxhash.xxh3_64_hexdigest(opened.skeleton)} if opened.skeleton else {}
+        elif isinstance(opened, Source):
+            found = original_hashes(opened.meta, opened.arrays, opened.path)
+        else:
+            found = {}
+        return {k: v for k, v in found.items() if not skip(k)}
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
