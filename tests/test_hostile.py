@@ -12,6 +12,7 @@ import json
 import os
 import pickle
 import struct
+import zlib
 from pathlib import Path
 
 import h5py
@@ -23,6 +24,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from obsdelta_cli import compress, inflate
 from obsdelta_cli.errors import InputError
+from obsdelta_cli.formats.packed import is_packed
 from obsdelta_cli.formats.ted_pt import load
 from obsdelta_cli.manifest import content_hash
 
@@ -314,3 +316,22 @@ def test_self_contained_hdf5_still_works(cli: Cli, tmp_path: Path) -> None:
         cli("compress", SAMPLE / name, "-o", tmp_path / name, "--quiet")
         cli("verify", tmp_path / name, "--quiet")
         assert tree_hash(SAMPLE / name) == before
+
+
+def test_a_manifest_outside_the_file_is_never_read(cli: Cli, tmp_path: Path) -> None:
+    """Detection reads a file's manifest before anything else: a manifest dataset reached
+    through a link is not read, though the file it names holds a genuine packed manifest."""
+    packed = tmp_path / "p.h5"
+    compress(SAMPLE / "hopper_d4rl.hdf5", packed, pack=True)
+    with h5py.File(packed, "r+") as f:
+        text = f.attrs["obsdelta"]
+        assert json.loads(text)["format"] == "packed-hdf5"
+        f.attrs["obsdelta"] = json.dumps({"manifest": "obsdelta/manifest"})
+        f["obsdelta/manifest"] = h5py.ExternalLink("outside.h5", "/x")
+    with h5py.File(tmp_path / "outside.h5", "w") as g:
+        raw = np.frombuffer(zlib.compress(text.encode()), np.uint8)
+        g.create_dataset("x", data=raw.view(h5py.opaque_dtype(np.dtype("V1"))))
+    assert not is_packed(packed)
+    says = [packed, "object /obsdelta/manifest is an external link to outside.h5:/x"]
+    for command in COMMANDS:
+        expect_error(cli, *_args(command, packed, tmp_path), says=says)

@@ -55,9 +55,23 @@ def read_meta(f: h5py.File, file: Path) -> dict[str, Any] | None:
     return meta
 
 
+def _stored_here(f: h5py.File, name: str) -> bool:
+    """Whether ``name`` is a dataset stored in the file, reached through hard links only: the
+    manifest is read before the file is checked for pointers outside itself (detection and
+    packed files read it first)."""
+    parts = name.split("/")
+    for i in range(len(parts)):
+        # Each step's parent was found a hard link already, so nothing is followed here.
+        link = "/".join(parts[: i + 1]).encode()
+        if not f.id.links.exists(link) or f.id.links.get_info(link).type != h5py.h5l.TYPE_HARD:
+            return False
+    dcpl = h5py.h5o.open(f.id, name.encode()).get_create_plist()
+    return dcpl.get_layout() != h5py.h5d.VIRTUAL and not dcpl.get_external_count()
+
+
 def _packed_manifest(f: h5py.File, file: Path) -> bytes:
     """The zlib-compressed manifest of ``/obsdelta/manifest``, its size checked first."""
-    ds = f.get(MANIFEST)
+    ds = f.get(MANIFEST) if _stored_here(f, MANIFEST) else None
     if not isinstance(ds, h5py.Dataset) or ds.ndim != 1 or ds.dtype.itemsize != 1:
         raise ValueError("no manifest dataset")
     if ds.shape[0] > min(MAX_META_BYTES, file.stat().st_size):

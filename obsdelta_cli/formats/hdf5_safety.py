@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +26,17 @@ _OUTSIDE_HINT = (
 #: once per HDF5 layout, and a file with many objects takes a while to walk.
 _CONTAINED: set[tuple[int, int, int, int]] = set()
 
+#: A selection that is one box: its first index and its end (exclusive) in each dimension.
+Box = tuple[tuple[int, ...], tuple[int, ...]]
+#: One mapping of a virtual dataset: the box it fills, the source file and dataset names as
+#: stored, and the box of the source it takes (``None`` for a selection that is not a box).
+VirtualMap = tuple[Box | None, str, str, Box | None]
+#: The mappings a virtual dataset may have, given its path (no leading slash) and shape;
+#: ``None`` where it may not exist.
+Allowed = Callable[[str, tuple[int, ...]], list[VirtualMap] | None]
 
-def check_contained(f: h5py.File, path: Path) -> None:
+
+def check_contained(f: h5py.File, path: Path, virtual: Allowed | None = None) -> None:
     """Refuse a file that points outside itself, before anything follows the pointer.
 
     Every link is listed without being followed (``H5Lvisit`` descends through hard links only),
@@ -33,7 +44,9 @@ def check_contained(f: h5py.File, path: Path) -> None:
     the object: external links; soft links (dangling ones, and also those naming an object
     inside the file: obsdelta copies objects exactly, and a link would come out as a second
     copy of its target); other user-defined links; datasets whose raw data sits in external
-    files; virtual datasets, whose data sits in other datasets, usually other files.
+    files; virtual datasets, whose data sits in other datasets, usually other files. Only a
+    packed file may hold virtual datasets (``virtual`` says which mappings its manifest
+    records), each mapping stored datasets of the same file exactly as recorded.
     """
     try:
         st = path.stat()
@@ -41,13 +54,13 @@ def check_contained(f: h5py.File, path: Path) -> None:
         st = None
     stamp = None if st is None else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     if stamp is not None and stamp in _CONTAINED:
-        return
+        return  # no virtual dataset at all: fine whatever ``virtual`` allows
     try:
         _check_links(f, path)
-        _check_datasets(f, path)
+        _check_datasets(f, path, virtual)
     except (OSError, RuntimeError, ValueError, KeyError) as exc:
         raise damaged_file(path, exc) from None
-    if stamp is not None:
+    if stamp is not None and virtual is None:
         _CONTAINED.add(stamp)
 
 
@@ -96,20 +109,55 @@ def _resolves(f: h5py.File, name: bytes) -> bool:
         return False
 
 
-def _check_datasets(f: h5py.File, path: Path) -> None:
+def _box(space: Any) -> Box | None:
+    """A selection as one box, ``None`` if it is not exactly one."""
+    kind = space.get_select_type()
+    if kind == h5py.h5s.SEL_ALL:
+        return (tuple(0 for _ in space.shape), tuple(int(n) for n in space.shape))
+    if kind != h5py.h5s.SEL_HYPERSLABS:
+        return None
+    low, high = space.get_select_bounds()
+    stop = tuple(int(h) + 1 for h in high)
+    box = (tuple(int(x) for x in low), stop)
+    size = math.prod(b - a for a, b in zip(*box, strict=True))
+    return box if space.get_select_npoints() == size else None
+
+
+def virtual_maps(dcpl: Any) -> list[VirtualMap]:
+    """The mappings of a virtual dataset, read from its creation properties (nothing is
+    opened)."""
+    return [
+        (
+            _box(dcpl.get_virtual_vspace(i)),
+            dcpl.get_virtual_filename(i),
+            dcpl.get_virtual_dsetname(i),
+            _box(dcpl.get_virtual_srcspace(i)),
+        )
+        for i in range(dcpl.get_virtual_count())
+    ]
+
+
+def _check_datasets(f: h5py.File, path: Path, virtual: Allowed | None) -> None:
     problems: list[str] = []
+    damaged: list[str] = []
 
     def visit(name: bytes, info: Any) -> None:
         if info.type != h5py.h5o.TYPE_DATASET:
             return None
-        dcpl = h5py.h5o.open(f.id, name).get_create_plist()
+        dsid = h5py.h5o.open(f.id, name)
+        dcpl = dsid.get_create_plist()
         obj = "/" + name.decode(errors="replace")
         if dcpl.get_layout() == h5py.h5d.VIRTUAL:
             count = dcpl.get_virtual_count()
             files = sorted({dcpl.get_virtual_filename(i) for i in range(count)})
-            problems.append(
-                f"dataset {obj} is a virtual dataset mapping {', '.join(files) or 'nothing'}"
-            )
+            if virtual is None or files != ["."]:
+                problems.append(
+                    f"dataset {obj} is a virtual dataset mapping {', '.join(files) or 'nothing'}"
+                )
+            elif (maps := virtual_maps(dcpl)) != virtual(obj[1:], tuple(dsid.shape)):
+                damaged.append(f"dataset {obj} is a virtual dataset not mapped as recorded")
+            else:
+                damaged.extend(_unstored_sources(f, obj, maps))
         elif dcpl.get_external_count():
             raw = dcpl.get_external(0)[0].decode(errors="replace")
             problems.append(f"dataset {obj} stores its data in the external file {raw}")
@@ -119,3 +167,23 @@ def _check_datasets(f: h5py.File, path: Path) -> None:
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise InputError(problems[0] + more, file=path, hint=_OUTSIDE_HINT)
+    if damaged:
+        more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+        hint = "the packed file is damaged; restore it from a copy"
+        raise InputError(damaged[0] + more, file=path, hint=hint)
+
+
+def _unstored_sources(f: h5py.File, obj: str, maps: list[VirtualMap]) -> list[str]:
+    """Sources of a virtual dataset that are not datasets stored in the file (another virtual
+    dataset would make chains, or loops, for HDF5 to follow)."""
+    out: list[str] = []
+    for source in sorted({m[2] for m in maps}):
+        try:
+            sid = h5py.h5o.open(f.id, source.encode())
+        except KeyError:
+            sid = None
+        if not isinstance(sid, h5py.h5d.DatasetID) or (
+            sid.get_create_plist().get_layout() == h5py.h5d.VIRTUAL
+        ):
+            out.append(f"dataset {obj} maps {source}, which is not a stored dataset")
+    return out

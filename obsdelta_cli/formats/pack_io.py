@@ -48,6 +48,7 @@ from .hdf5 import (
 from .hdf5_leaves import BF16_ATTR, META_ATTR, OWN, numpy_dtype, torch_dtype
 from .hdf5_meta import MANIFEST, write_meta
 from .leaf import FileLeaf, LazyLeaf
+from .pack_columns import Shared, kept_path, plan_columns, write_virtual
 from .packed import (
     COMMAND_CACHE_BYTES,
     FILES,
@@ -57,7 +58,7 @@ from .packed import (
     TRANSFORM_ATTR,
     file_bytes,
     pack_info,
-    packed_leaf,
+    repacked_leaf,
 )
 
 #: Library versions of a packed file: v1.10 object headers and chunk indexes (fixed arrays:
@@ -237,6 +238,14 @@ def _pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, An
     for name in src.attrs:
         if name != META_ATTR:
             out.attrs.create(name, src.attrs[name], dtype=src.attrs.get_id(name).dtype)
+    repacked: dict[str, h5py.Dataset] = {}
+
+    def find(name: str, obj: Any) -> None:
+        if isinstance(obj, h5py.Dataset) and _repacked(obj, name):
+            repacked[name] = obj
+
+    src.visititems(find)
+    shared = plan_columns(repacked)
 
     def walk(group: h5py.Group, dst: h5py.Group) -> None:
         for name, obj in group.items():
@@ -245,12 +254,8 @@ def _pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, An
                 continue  # the inner manifest: the packed one holds it
             if isinstance(obj, h5py.Group):
                 walk(obj, _group_like(obj, dst, name))
-            elif (
-                isinstance(obj, h5py.Dataset)
-                and _repackable(obj)
-                and path.split("/")[:2] not in ([OWN, "arrays"], [OWN, "layout"])
-            ):
-                datasets[path] = _repack(obj, dst, name, path, out, chooser)
+            elif path in repacked:
+                datasets[path] = _repack(obj, dst, name, path, out, chooser, shared.get(path))
             else:
                 group.copy(obj, dst, name=name)
 
@@ -258,13 +263,30 @@ def _pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, An
     return {"kind": "hdf5", "libver": list(src.libver), "datasets": datasets}
 
 
-def _repack(
-    ds: h5py.Dataset, dst: h5py.Group, name: str, path: str, out: h5py.File, chooser: Chooser
-) -> dict[str, Any]:
-    def read(start: int, stop: int) -> np.ndarray:
-        return np.asarray(ds[start:stop])
+def _repacked(ds: h5py.Dataset, path: str) -> bool:
+    """Whether a dataset of an HDF5 inner is rewritten (obsdelta's exception rows and layouts
+    are copied as they are)."""
+    return _repackable(ds) and path.split("/")[:2] not in ([OWN, "arrays"], [OWN, "layout"])
 
-    entry = write_dataset(dst, name, path, read, ds.shape, ds.dtype, chooser)
+
+def _repack(
+    ds: h5py.Dataset,
+    dst: h5py.Group,
+    name: str,
+    path: str,
+    out: h5py.File,
+    chooser: Chooser,
+    shared: Shared | None,
+) -> dict[str, Any]:
+    if shared is None:
+
+        def read(start: int, stop: int) -> np.ndarray:
+            return np.asarray(ds[start:stop])
+
+        entry = write_dataset(dst, name, path, read, ds.shape, ds.dtype, chooser)
+    else:
+        entry = _write_kept(ds, path, out, chooser, shared)
+        write_virtual(dst, name, ds, shared)
     copy_attrs(ds, dst[name])
     # The twin: the original creation properties, never written, so taking no storage.
     parent, _, leaf = f"{LAYOUT}/{path}".rpartition("/")
@@ -276,6 +298,26 @@ def _repack(
     absent = _absent_chunks(ds)
     if absent is not None:
         entry["absent"] = absent
+    return entry
+
+
+def _write_kept(
+    ds: h5py.Dataset, path: str, out: h5py.File, chooser: Chooser, shared: Shared
+) -> dict[str, Any]:
+    """A dataset whose columns repeat others': the columns it keeps, in their own dataset (the
+    dataset itself is virtual, mapping those and the repeated ones)."""
+    entry: dict[str, Any] = {"filter": None, "values": shared.values, "columns": shared.blocks}
+    if shared.kept:
+        kept = shared.kept
+
+        def read(start: int, stop: int) -> np.ndarray:
+            return np.asarray(ds[start:stop])[:, kept]
+
+        parent, _, leaf = kept_path(path).rpartition("/")
+        shape = (ds.shape[0], len(kept))
+        group = out.require_group(parent)
+        own = write_dataset(group, leaf, kept_path(path), read, shape, ds.dtype, chooser)
+        entry.update(filter=own["filter"], chunk_rows=own["chunk_rows"])
     return entry
 
 
@@ -451,7 +493,7 @@ def _restore(
     for attr in ds.attrs:
         if attr != TRANSFORM_ATTR:
             new.attrs.create(attr, ds.attrs[attr], dtype=ds.attrs.get_id(attr).dtype)
-    leaf = packed_leaf(ds, packed.path, COMMAND_CACHE_BYTES)
+    leaf = repacked_leaf(packed.handle, packed.path, path, entry, COMMAND_CACHE_BYTES)
     absent = entry.get("absent")
     if absent == []:
         return  # never written: no storage, as the original

@@ -11,6 +11,9 @@ dataset it was packed from, the *inner* container, whose name the manifest keeps
 - an HDF5 inner keeps its other objects as they were (groups, attributes, small, string and
   obsdelta's own datasets), and the creation properties of every repacked dataset in an empty
   twin under ``/obsdelta/pack/layout/<path>``, so ``inflate`` recreates each object as it was;
+  a dataset whose columns repeat another's is a virtual dataset mapping them, its other columns
+  kept under ``/obsdelta/pack/columns/<path>`` (:mod:`.pack_columns`; :class:`ColumnsLeaf`
+  reads it);
 - a folder inner keeps every other file (``meta.json`` files, replay-buffer metadata, pickles,
   exception rows) as an opaque byte dataset under ``/obsdelta/pack/files/``, named by index;
   the manifest's ``pack`` entry lists their paths;
@@ -38,11 +41,13 @@ import xxhash
 from ..errors import InputError, UsageError
 from ..filters import FRAME_DELTA, plugins, undo_frame_delta
 from .base import SIDECAR, ArrayStore, Format, Key, Plan, Sink, Source, key_str
-from .hdf5 import is_hdf5, open_h5
-from .hdf5_leaves import OWN, H5Arrays, H5Leaf, leaves_of, read_rows, torch_dtype
+from .hdf5 import is_hdf5
+from .hdf5_leaves import BF16_ATTR, OWN, H5Arrays, H5Leaf, leaves_of, read_rows, torch_dtype
 from .hdf5_meta import read_meta
 from .hdf5_objects import attrs_hash, hash_objects
+from .hdf5_safety import Allowed, VirtualMap, check_contained, damaged_file
 from .leaf import LazyLeaf
+from .pack_columns import COLUMNS, Block, expected_maps, parse_blocks
 
 NAME = "packed-hdf5"
 PACK = f"{OWN}/pack"
@@ -152,6 +157,100 @@ def packed_leaf(ds: h5py.Dataset, file: Path, cache_bytes: int) -> LazyLeaf:
     return PackedLeaf(ds, file, cache_bytes)
 
 
+class ColumnsLeaf(LazyLeaf):
+    """A deduplicated dataset read from its sources as the manifest records them (the file's
+    own mappings were checked against the record when it was opened, and are not followed)."""
+
+    def __init__(self, ds: h5py.Dataset, file: Path, blocks: list[Block]) -> None:
+        self.file = file
+        self.shape = tuple(ds.shape)
+        bf16 = ds.attrs.get(BF16_ATTR) == "bfloat16"
+        dtype = torch.bfloat16 if bf16 else torch_dtype(ds.dtype)
+        if not ds.is_virtual or len(self.shape) != 2 or dtype is None:
+            raise _damaged(file, f"{ds.name} is not the virtual dataset the metadata records")
+        self.dtype = dtype
+        self.np_dtype = ds.dtype
+        f = ds.file
+        self.sources: dict[str, h5py.Dataset] = {}
+        covered = 0
+        for start, stop, source, at in blocks:
+            src = self.sources[source] if source in self.sources else f.get(source)
+            if (
+                not isinstance(src, h5py.Dataset)
+                or src.is_virtual
+                or src.dtype != ds.dtype
+                or src.ndim != 2
+                or src.shape[0] != self.shape[0]
+                or at + stop - start > src.shape[1]
+                or TRANSFORM_ATTR in src.attrs
+            ):
+                raise _damaged(file, f"the source {source} of {ds.name} is missing or unfit")
+            if start != covered or stop <= start:
+                raise _damaged(file, f"the columns of {ds.name} are not recorded in order")
+            covered = stop
+            self.sources[source] = src
+        if covered != self.shape[1]:
+            raise _damaged(file, f"the columns of {ds.name} are not all recorded")
+        self.blocks = blocks
+        # Reads aligned to the chunks of the source giving most columns touch each once.
+        main = max(blocks, key=lambda b: b[1] - b[0])[2]
+        chunks = self.sources[main].chunks
+        self.chunk_rows = chunks[0] if chunks else 1
+
+    def _gather(self, rows: Any, count: int) -> torch.Tensor:
+        out = np.empty((count, self.shape[1]), dtype=self.np_dtype)
+        read: dict[str, np.ndarray] = {}
+        for start, stop, source, at in self.blocks:
+            if source not in read:  # each source once, whatever number of blocks it gives
+                read[source] = read_rows(self.sources[source], rows, self.file, f"{count} rows")
+            out[:, start:stop] = read[source][:, at : at + stop - start]
+        t = torch.from_numpy(out)
+        return t.view(torch.bfloat16) if self.dtype == torch.bfloat16 else t
+
+    def read(self, start: int, stop: int) -> torch.Tensor:
+        stop = min(stop, self.shape[0])
+        return self._gather(slice(start, max(start, stop)), max(0, stop - start))
+
+    def select(self, rows: np.ndarray) -> torch.Tensor:
+        """Rows ``rows`` (sorted, distinct), one read of each source."""
+        return self._gather(rows, len(rows))
+
+    def storage_bytes(self) -> int:
+        """The bytes of the columns kept: the others are counted with their source."""
+        own = [d for p, d in self.sources.items() if p.startswith(f"{COLUMNS}/")]
+        return sum(int(d.id.get_storage_size()) for d in own)
+
+    def write(self, start: int, value: torch.Tensor) -> None:
+        raise UsageError("a packed file is read-only", file=self.file)
+
+
+def repacked_leaf(f: h5py.File, file: Path, path: str, entry: Any, cache_bytes: int) -> LazyLeaf:
+    """A repacked dataset of an HDF5 inner as a leaf: rebuilt from the sources its manifest
+    entry records where its columns are stored once, else as stored."""
+    ds = f.get(path)
+    if not isinstance(ds, h5py.Dataset):
+        raise _damaged(file, f"the repacked dataset {path} is missing")
+    columns = entry.get("columns") if isinstance(entry, dict) else None
+    if columns is None:  # a virtual dataset the metadata does not record was refused on open
+        return packed_leaf(ds, file, cache_bytes)
+    return ColumnsLeaf(ds, file, parse_blocks(columns, file, path))
+
+
+def virtual_record(info: dict[str, Any], file: Path) -> Allowed:
+    """The mappings the manifest allows each virtual dataset of a packed file."""
+    recorded: dict[str, list[Block]] = {}
+    if info["kind"] == "hdf5":
+        for path, entry in info["datasets"].items():
+            if isinstance(entry, dict) and entry.get("columns") is not None:
+                recorded[path] = parse_blocks(entry["columns"], file, path)
+
+    def allowed(path: str, shape: tuple[int, ...]) -> list[VirtualMap] | None:
+        blocks = recorded.get(path)
+        return None if blocks is None else expected_maps(blocks, shape)
+
+    return allowed
+
+
 class PackedFiles(ArrayStore):
     """Exception rows of a folder inner: its ``obsdelta.arrays/<name>.bin`` files, kept in the
     packed file as opaque byte datasets."""
@@ -209,20 +308,24 @@ class Packed(Format):
 
     def open(self, path: Path) -> Source:
         plugins()  # the filters must be registered before a dataset is read
-        f = open_h5(path)
         try:
-            f.close()
-            # Reopened with the chunk cache asked for: training reads hit the same chunks often.
+            # The chunk cache asked for: training reads hit the same chunks often.
             f = h5py.File(path, "r", rdcc_nbytes=self.cache_bytes, rdcc_nslots=100_003)
+        except (OSError, ValueError) as exc:
+            raise damaged_file(path, exc) from None
+        try:
             meta = read_meta(f, path)
             if meta is None:
                 raise _damaged(path, "the packed file has no obsdelta metadata")
             info = pack_info(meta, path)
+            # Before anything is read: the file points nowhere outside itself, and its virtual
+            # datasets map exactly what the manifest records.
+            check_contained(f, path, virtual_record(info, path))
             batch_dims, valid = meta.get("batch_dims"), meta.get("valid_rows")
             if not isinstance(batch_dims, int) or not (valid is None or isinstance(valid, int)):
                 raise _damaged(path, "obsdelta metadata field batch_dims is malformed")
             if info["kind"] == "hdf5":
-                leaves = self._hdf5_leaves(f, path)
+                leaves = self._hdf5_leaves(f, path, info)
                 arrays: ArrayStore = H5Arrays(f, path)
             else:
                 leaves = self._folder_leaves(f, path, info)
@@ -238,9 +341,18 @@ class Packed(Format):
     def _leaf(self, ds: h5py.Dataset, path: Path) -> LazyLeaf:
         return packed_leaf(ds, path, self.cache_bytes)
 
-    def _hdf5_leaves(self, f: h5py.File, path: Path) -> dict[Key, Any]:
-        leaves = leaves_of(f, path)
-        return {k: self._leaf(v.ds, path) for k, v in leaves.items() if k[:2] != (OWN, "pack")}
+    def _hdf5_leaves(self, f: h5py.File, path: Path, info: dict[str, Any]) -> dict[Key, Any]:
+        repacked: dict[str, Any] = info["datasets"]
+        out: dict[Key, Any] = {}
+        for key, leaf in leaves_of(f, path).items():
+            if key[:2] == (OWN, "pack"):
+                continue
+            name = key_str(key)
+            if name in repacked:
+                out[key] = repacked_leaf(f, path, name, repacked[name], self.cache_bytes)
+            else:
+                out[key] = self._leaf(leaf.ds, path)
+        return out
 
     def _folder_leaves(self, f: h5py.File, path: Path, info: dict[str, Any]) -> dict[Key, Any]:
         leaves: dict[Key, Any] = {}
@@ -337,7 +449,7 @@ def _hdf5_hashes(
             continue  # missing: the caller reports it
         if any(a != TRANSFORM_ATTR for a in ds.attrs):  # the transform mark is the pack's own
             out[f"@{name}"] = attrs_hash(ds, exclude=TRANSFORM_ATTR)
-        leaf = packed_leaf(ds, file, 0)
+        leaf = repacked_leaf(f, file, name, entry, 0)
         rows = ds.shape[0] if ds.ndim else 0
         step = max(1, (4 << 20) // max(1, math.prod(ds.shape[1:]) * ds.dtype.itemsize))
         found = values_hash(leaf, rows, step)
