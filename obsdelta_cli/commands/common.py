@@ -12,7 +12,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import torch
 
-from ..atomic import atomic_output, estimate_output_bytes
+from ..atomic import atomic_output, estimate_output_bytes, write_back
 from ..errors import DataError, InputError, ObsdeltaError, UsageError, write_error
 from ..formats import Format, Plan, Sink, Source, detect
 from ..formats.packed import Packed
@@ -126,8 +126,10 @@ def write(
             except BaseException:
                 fmt.discard(sink)
                 raise
+            writing = write_back(tmp)  # to disk while it is verified
             if check is not None:
                 check(tmp)
+            writing.join()
     except ObsdeltaError:
         raise
     except (OSError, RuntimeError) as exc:

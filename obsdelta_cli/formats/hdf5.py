@@ -49,7 +49,6 @@ from .hdf5_leaves import (
 from .hdf5_meta import read_meta, write_meta
 from .hdf5_objects import hash_objects, header_bytes
 from .hdf5_safety import check_contained, damaged_file
-from .leaf import start_writeback
 
 hdf5plugin: Any
 try:  # registers Zstd, Blosc, LZ4, ... filters for reading and writing, when installed
@@ -194,14 +193,15 @@ class HDF5Format(Format):
     def object_hashes(self, opened: Source | Sink, skip: Callable[[str], bool]) -> dict[str, str]:
         f: h5py.File = opened.handle
         file = Path(f.filename)
+        known: dict[str, str] = {}
         if id(f) in _OUTPUT_FDS:  # an output being written: its raw chunks must be on disk
             try:
-                _copied(f)
+                known = _copied(f)
                 f.flush()
             except (OSError, RuntimeError) as exc:
                 raise write_error(file, exc) from None
         try:
-            return hash_objects(f, file, skip)
+            return hash_objects(f, file, skip, known)
         except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
             raise InputError(
                 f"cannot read an object ({exc})", file=file, hint="the file is damaged"
@@ -235,7 +235,7 @@ class HDF5Format(Format):
         fd = _OUTPUT_FDS[id(out)]
         copies = _COPIES[id(out)] = RawCopies(source.path, out, fd)
         _copy_tree(src, out, dropped, copies)
-        start_writeback(fd, 0, 0)  # HDF5's copies go to disk while the rest is encoded
+        copies.start()
         compression = plan.options.get("h5_compression")
         kwargs = compression_kwargs(compression) if compression else None
         layouts = dict((source.meta or {}).get("hdf5_layouts") or {})
@@ -248,7 +248,7 @@ class HDF5Format(Format):
         leaves: dict[Key, Any] = {}
         for key, spec in plan.new.items():
             ds = self._new_dataset(src, out, key, spec, kwargs, layouts)
-            leaves[key] = H5Leaf(ds, path, writeback=fd)
+            leaves[key] = H5Leaf(ds, path)
         arrays_kwargs = kwargs if kwargs is not None else _arrays_kwargs(src, plan)
         arrays = H5Arrays(out, path, arrays_kwargs)
         extra = {"hdf5_layouts": new_layouts}
@@ -313,11 +313,14 @@ _OUTPUT_FDS: dict[int, int] = {}
 _COPIES: dict[int, RawCopies] = {}
 
 
-def _copied(out: h5py.File) -> None:
-    """Make the raw copies into ``out`` (before it is hashed or closed)."""
+def _copied(out: h5py.File) -> dict[str, str]:
+    """Wait for the raw copies into ``out`` (before it is hashed or closed); the hashes of the
+    datasets they wrote."""
     copies = _COPIES.pop(id(out), None)
-    if copies is not None:
-        copies.copy()
+    if copies is None:
+        return {}
+    copies.wait()
+    return copies.digests
 
 
 def new_output(path: Path, libver: Any) -> h5py.File:
@@ -362,7 +365,9 @@ def _close_quietly(f: h5py.File) -> None:
     the next call touching the file crashes the process. So the file's descriptor is first
     pointed at ``/dev/null``: the flush on close then succeeds, writing nowhere.
     """
-    _COPIES.pop(id(f), None)
+    copies = _COPIES.pop(id(f), None)
+    if copies is not None:
+        copies.cancel()  # its thread writes to the descriptor closed below
     # The descriptor was noted when the file was created: asking HDF5 for it now could crash.
     fd = _OUTPUT_FDS.pop(id(f), None)
     if fd is None:

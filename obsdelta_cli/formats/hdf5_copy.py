@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import h5py
 
 from .hdf5_leaves import contiguous_span
+from .hdf5_objects import hash_span, header_hash
 
 #: Datasets smaller than this are copied by HDF5: a thread would not pay.
 RAW_COPY_MIN = 1 << 20
@@ -48,23 +52,39 @@ def raw_copyable(ds: h5py.Dataset, file_size: int) -> bool:
     )
 
 
+@dataclass
+class Job:
+    """One dataset to copy: its path in the output, its hash so far, where its bytes are."""
+
+    path: str
+    head: Any
+    src: int
+    dst: int
+    nbytes: int
+
+
 class RawCopies:
     """Datasets of one output whose raw bytes are copied from one input by the kernel.
 
-    :meth:`add` creates each dataset like its source (allocated, not yet filled); :meth:`copy`
-    fills all of them, and must run before the output is read, hashed or closed. It runs after
-    the next observations are encoded: the observations are then in the page cache, and the
-    disk is not asked to read two places at once.
+    :meth:`add` creates each dataset like its source (allocated, not yet filled); :meth:`start`
+    copies and then hashes all of them in a thread, while the next observations are encoded;
+    :meth:`wait` must return before the output is read or closed, and :meth:`cancel` stops an
+    abandoned copy before its file is closed.
     """
 
     def __init__(self, source: Path, out: h5py.File, out_fd: int) -> None:
         self.source, self.out, self.out_fd = source, out, out_fd
         self.source_size = source.stat().st_size
         self.spans: list[tuple[int, h5py.Dataset, int]] = []
+        #: Each copied dataset's hash as stored (see ``hash_objects``), by path, once copied.
+        self.digests: dict[str, str] = {}
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.stop = threading.Event()
 
     def add(self, ds: h5py.Dataset, group: h5py.Group, name: str) -> h5py.Dataset:
         """Create ``name`` in ``group`` like ``ds`` (type, dataspace, creation properties,
-        attributes); its values are copied by :meth:`copy`."""
+        attributes); its values are copied by :meth:`start`."""
         dsid = ds.id
         new = h5py.Dataset(
             h5py.h5d.create(
@@ -86,26 +106,68 @@ class RawCopies:
         self.spans.append((span[0], new, span[1]))
         return new
 
-    def copy(self) -> None:
-        """Copy every added dataset's bytes (once; later calls do nothing)."""
+    def start(self) -> None:
+        """Copy every added dataset's bytes in a background thread (the kernel copy releases
+        the interpreter lock: the next observations are encoded meanwhile)."""
         spans, self.spans = self.spans, []
         if not spans:
             return
         self.out.flush()  # nothing HDF5 buffered for these datasets may land after the copy
-        fd = os.open(self.source, os.O_RDONLY)
+        jobs = []
+        for src_offset, new, nbytes in spans:
+            dst_offset = new.id.get_offset()
+            if dst_offset is None:  # pragma: no cover - allocated by add()
+                raise OSError(errno.EIO, f"{new.name}: storage was not allocated")
+            # What the dataset is, hashed here (h5py); its bytes, in the thread once copied.
+            head = header_hash(new)
+            jobs.append(Job(new.name.lstrip("/"), head, src_offset, int(dst_offset), nbytes))
+        self.thread = threading.Thread(target=self._run, args=(jobs,), daemon=True)
+        self.thread.name = "obsdelta-copy"
+        self.thread.start()
+
+    def _run(self, jobs: list[Job]) -> None:
         try:
-            for src_offset, new, nbytes in spans:
-                dst_offset = new.id.get_offset()
-                if dst_offset is None:  # pragma: no cover - allocated by add()
-                    raise OSError(errno.EIO, f"{new.name}: storage was not allocated")
-                self._copy(fd, src_offset, int(dst_offset), nbytes)
-        finally:
-            os.close(fd)
+            fd = os.open(self.source, os.O_RDONLY)
+            try:
+                for job in jobs:
+                    self._copy(fd, job.src, job.dst, job.nbytes)
+            finally:
+                os.close(fd)
+            # Hashed as the output holds them (read back through the page cache), so the
+            # manifest records what was written, as it does for every other object.
+            fd = os.open(self.out.filename, os.O_RDONLY)
+            try:
+                for job in jobs:
+                    if self.stop.is_set():
+                        return
+                    hash_span(job.head, fd, job.dst, job.nbytes)
+                    self.digests[job.path] = job.head.hexdigest()
+            finally:
+                os.close(fd)
+        except BaseException as exc:  # raised again by wait(), in the caller's thread
+            self.error = exc
+
+    def wait(self) -> None:
+        """Return once every byte is copied; a failed copy raises its error here."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
+
+    def cancel(self) -> None:
+        """Stop copying (the output is abandoned) and wait for the thread to end."""
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        self.error = None
 
     def _copy(self, fd: int, src: int, dst: int, nbytes: int) -> None:
         done = 0
         kernel = True
-        while done < nbytes:
+        while done < nbytes and not self.stop.is_set():
             count = min(PIECE_BYTES, nbytes - done)
             if kernel:
                 try:

@@ -14,7 +14,7 @@ import torch
 
 from ..errors import InputError
 from .base import ArrayStore, Key
-from .leaf import FlatRows, LazyLeaf, read_exact, start_writeback
+from .leaf import FlatRows, LazyLeaf, read_exact
 
 MAGIC = b"\x89HDF\r\n\x1a\n"
 META_ATTR = "obsdelta"
@@ -70,11 +70,10 @@ def contiguous_span(ds: h5py.Dataset, file_size: int) -> tuple[int, int] | None:
 class H5Leaf(LazyLeaf):
     """An h5py dataset read and written by row slices."""
 
-    def __init__(self, ds: h5py.Dataset, file: Path, writeback: int = -1) -> None:
+    def __init__(self, ds: h5py.Dataset, file: Path) -> None:
         self.ds = ds
         self.file = file
         #: The descriptor of an output file whose written pages are sent to disk as they come.
-        self.writeback = writeback
         self.shape = tuple(ds.shape)
         self.bf16 = ds.attrs.get(BF16_ATTR) == "bfloat16"
         dtype = torch.bfloat16 if self.bf16 else torch_dtype(ds.dtype)
@@ -156,8 +155,6 @@ class H5Leaf(LazyLeaf):
             value = value.view(torch.int16)
         array = value.contiguous().numpy()
         self.ds[start : start + len(array)] = array.view(self.ds.dtype)
-        if self.writeback >= 0:
-            start_writeback(self.writeback, 0, 0)  # the whole file: HDF5 places the rows
 
 
 class OpaqueLeaf(LazyLeaf):

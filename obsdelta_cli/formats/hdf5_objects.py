@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +16,16 @@ import xxhash
 from .hdf5_leaves import META_ATTR, OWN
 
 
-def hash_objects(f: h5py.File, file: Path, skip: Callable[[str], bool]) -> dict[str, str]:
+def hash_objects(
+    f: h5py.File,
+    file: Path,
+    skip: Callable[[str], bool],
+    known: Mapping[str, str] | None = None,
+) -> dict[str, str]:
     """xxh3-64 of every dataset as stored (creation properties and raw chunks, never
-    decompressed) and of every object's attributes, for the objects ``skip`` keeps."""
+    decompressed) and of every object's attributes, for the objects ``skip`` keeps; ``known``
+    gives the hashes of datasets already hashed as they were written."""
+    known = known or {}
     out = {"@": attrs_hash(f, exclude=META_ATTR)}
     fd = os.open(file, os.O_RDONLY)
     try:
@@ -27,7 +34,7 @@ def hash_objects(f: h5py.File, file: Path, skip: Callable[[str], bool]) -> dict[
             if name == OWN or name.startswith(f"{OWN}/") or skip(name):
                 return
             if isinstance(obj, h5py.Dataset):
-                out[name] = _raw_hash(obj, fd)
+                out[name] = known.get(name) or _raw_hash(obj, fd)
             if len(obj.attrs):  # an attribute added to an object without any is still caught
                 out[f"@{name}"] = attrs_hash(obj)
 
@@ -52,18 +59,8 @@ def attrs_hash(obj: Any, exclude: str | None = None) -> str:
 def _raw_hash(ds: h5py.Dataset, fd: int) -> str:
     """A dataset as stored: dtype, shape, creation properties, then its raw chunks in chunk
     order (each with its position and filter mask) or its contiguous bytes."""
-    h = xxhash.xxh3_64()
-    props = (ds.dtype.str, ds.shape, ds.maxshape, ds.chunks, ds.compression, ds.compression_opts)
-    h.update(repr((props, ds.shuffle, ds.fletcher32, ds.scaleoffset)).encode())
+    h = header_hash(ds)
     dsid, dcpl = ds.id, ds.id.get_create_plist()
-    # The stored type in full (byte order, bit layout), not only what numpy makes of it.
-    h.update(dsid.get_type().encode())
-    h.update(dsid.get_space().encode())
-    h.update(repr([dcpl.get_filter(i) for i in range(dcpl.get_nfilters())]).encode())
-    fill = np.zeros(1, dtype=ds.dtype)
-    if dcpl.fill_value_defined() == h5py.h5d.FILL_VALUE_USER_DEFINED:
-        dcpl.get_fill_value(fill)
-    h.update(fill.tobytes())
     layout = dcpl.get_layout()
     if layout == h5py.h5d.CHUNKED:
         # Every chunk of the grid, found through the chunk index as a read would find it.
@@ -82,13 +79,31 @@ def _raw_hash(ds: h5py.Dataset, fd: int) -> str:
     elif layout == h5py.h5d.CONTIGUOUS:
         offset = dsid.get_offset()
         if offset is not None:
-            _hash_span(h, fd, offset, dsid.get_storage_size())
+            hash_span(h, fd, offset, dsid.get_storage_size())
     else:  # compact: the values live in the object header
         h.update(np.ascontiguousarray(ds[()]).tobytes())
     return h.hexdigest()
 
 
-def _hash_span(h: Any, fd: int, offset: int, size: int) -> None:
+def header_hash(ds: h5py.Dataset) -> Any:
+    """An xxh3-64 state fed with what a dataset is, before its values: dtype, shape, creation
+    properties, the stored type in full."""
+    h = xxhash.xxh3_64()
+    props = (ds.dtype.str, ds.shape, ds.maxshape, ds.chunks, ds.compression, ds.compression_opts)
+    h.update(repr((props, ds.shuffle, ds.fletcher32, ds.scaleoffset)).encode())
+    dsid, dcpl = ds.id, ds.id.get_create_plist()
+    # The stored type in full (byte order, bit layout), not only what numpy makes of it.
+    h.update(dsid.get_type().encode())
+    h.update(dsid.get_space().encode())
+    h.update(repr([dcpl.get_filter(i) for i in range(dcpl.get_nfilters())]).encode())
+    fill = np.zeros(1, dtype=ds.dtype)
+    if dcpl.fill_value_defined() == h5py.h5d.FILL_VALUE_USER_DEFINED:
+        dcpl.get_fill_value(fill)
+    h.update(fill.tobytes())
+    return h
+
+
+def hash_span(h: Any, fd: int, offset: int, size: int) -> None:
     """Feed ``size`` bytes of the file at ``offset`` to ``h``, 4 MiB at a time."""
     done = 0
     while done < size:

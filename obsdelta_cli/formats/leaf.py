@@ -12,7 +12,6 @@ torch.Size([6, 4])
 
 from __future__ import annotations
 
-import ctypes
 import math
 import mmap
 import os
@@ -106,24 +105,6 @@ def is_data(leaf: object) -> bool:
 #: Bytes mapped at a time by :meth:`FileLeaf.feed` (a multiple of the page size): mapped pages
 #: count in the process's memory while mapped.
 _WINDOW = 1 << 26
-_SYNC_FILE_RANGE_WRITE = 2
-_sync_file_range: Any = None
-
-
-def start_writeback(fd: int, offset: int, nbytes: int) -> None:
-    """Ask the kernel to start writing ``nbytes`` at ``offset`` to disk now, without waiting
-    (Linux ``sync_file_range``): the disk then works while the next chunks are read and
-    encoded, and the final ``fsync`` only waits for the tail. Elsewhere a no-op."""
-    global _sync_file_range
-    if _sync_file_range is None:
-        try:
-            call = ctypes.CDLL(None, use_errno=True).sync_file_range
-            call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-            _sync_file_range = call
-        except (OSError, AttributeError):
-            _sync_file_range = False
-    if _sync_file_range:
-        _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)  # a hint: errors ignored
 
 
 def read_exact(fd: int, offset: int, nbytes: int, name: str) -> torch.Tensor:
@@ -201,7 +182,6 @@ class FileLeaf(LazyLeaf):
         offset, done = start * self.row_bytes, 0
         while done < len(raw):
             done += os.pwrite(self.fd, raw[done:], offset + done)
-        start_writeback(self.fd, offset, done)
 
     def close(self) -> None:
         if self.fd >= 0:
