@@ -532,3 +532,22 @@ def test_free_space_check_on_a_small_disk(tmp_path: Path) -> None:
         ):
             tmp.write_text("never")
         assert list(disk.iterdir()) == []
+
+
+def test_write_back_starts_every_file_of_an_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    (out / "next" / "delta").mkdir(parents=True)
+    names = ["meta.json", "next/delta/obs.memmap", "obs.memmap"]
+    for name in names:
+        (out / name).write_bytes(os.urandom(4096))
+    seen: list[str] = []
+    monkeypatch.setattr(
+        atomic, "_start_writeback", lambda fd: seen.append(os.readlink(f"/proc/self/fd/{fd}"))
+    )
+    atomic.write_back(out).join()
+    assert sorted(seen) == sorted(str(out / n) for n in names)
+    seen.clear()
+    atomic.write_back(out / "obs.memmap").join()
+    assert seen == [str(out / "obs.memmap")]
