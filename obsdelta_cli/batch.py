@@ -7,6 +7,7 @@ outcome per input whatever happens to the others.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import signal
@@ -35,6 +36,9 @@ def command(name: str) -> Callable[..., DatasetResult]:
         raise UsageError(f"unknown command {name!r}")
     with interrupts.deferred():  # torch's start-up must not be cut (see interrupts.deferred)
         module = import_module(IMPLEMENTATION)
+    # The hundreds of thousands of objects torch's import made live as long as the process:
+    # kept out of the collector's full passes, which would otherwise walk them again and again.
+    gc.freeze()
     function: Callable[..., DatasetResult] = getattr(module, name)
     return function
 

@@ -3,6 +3,7 @@ outcome per input whatever happens to the others."""
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from obsdelta_cli import verify
-from obsdelta_cli.batch import Job, run_all
+from obsdelta_cli.batch import Job, command, run_all
 
 from .conftest import SAMPLE, Cli
 
@@ -111,3 +112,8 @@ def test_unreachable_scheduler(cli: Cli, tmp_path: Path) -> None:
     pytest.importorskip("distributed")
     result = cli("report", INPUTS[0], "--scheduler", "tcp://127.0.0.1:9", code=2)
     assert "cannot reach the Dask scheduler" in result.stderr
+
+
+def test_objects_made_by_the_imports_are_kept_out_of_garbage_collection() -> None:
+    command("compress")
+    assert gc.get_freeze_count() > 100_000  # torch's modules, functions and types
