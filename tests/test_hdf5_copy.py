@@ -16,14 +16,12 @@ import pytest
 
 from obsdelta_cli import compress, inflate, verify
 from obsdelta_cli.formats import hdf5_copy
-from obsdelta_cli.formats.hdf5_copy import RAW_COPY_MIN, RawCopies, raw_copyable
+from obsdelta_cli.formats.hdf5_copy import RawCopies, raw_copyable
 from obsdelta_cli.formats.hdf5_objects import hash_objects
 
-from .realistic import hopper_rollout
+from .conftest import SAMPLE
 from .test_cli_errors import expect_error
 from .test_hdf5 import describe
-
-ROWS = 50_000  # every row dataset of Hopper's shapes is over RAW_COPY_MIN but rewards
 
 
 def _dcpl(**kw: Any) -> Callable[[h5py.Group, str, np.ndarray], h5py.Dataset]:
@@ -57,17 +55,17 @@ def _never_written(f: h5py.Group, name: str, data: np.ndarray) -> h5py.Dataset:
     return f.create_dataset(name, shape=data.shape, dtype=data.dtype)
 
 
-BIG = np.arange(RAW_COPY_MIN // 4, dtype=np.float32).reshape(-1, 4)
+BIG = np.arange(1 << 16, dtype=np.float32).reshape(-1, 4)  # 256 KiB
 CASES: dict[str, tuple[Callable[..., h5py.Dataset], np.ndarray, bool]] = {
     "contiguous float32": (_dcpl(), BIG, True),
     "big-endian float64": (_dcpl(), BIG.astype(">f8"), True),
-    "bool": (_dcpl(), np.ones((RAW_COPY_MIN, 2), bool), True),
+    "bool": (_dcpl(), np.ones((1 << 15, 2), bool), True),
     "user fill, never written on allocation": (_user_fill_never, BIG, True),
     "chunked": (_dcpl(chunks=(1024, 4)), BIG, False),
     "gzip": (_dcpl(compression="gzip"), BIG, False),
-    "small": (_dcpl(), BIG[:1000], False),
-    "compound": (_dcpl(), np.zeros(RAW_COPY_MIN, dtype=[("a", "f4"), ("b", "i4")]), False),
-    "fixed strings": (_dcpl(), np.full(RAW_COPY_MIN, b"abcd", dtype="S4"), False),
+    "small": (_dcpl(), BIG[:1000], False),  # 16,000 bytes
+    "compound": (_dcpl(), np.zeros(1 << 15, dtype=[("a", "f4"), ("b", "i4")]), False),
+    "fixed strings": (_dcpl(), np.full(1 << 15, b"abcd", dtype="S4"), False),
     "user fill written on allocation": (_user_fill_ifset, BIG, False),
     "committed type": (_committed, BIG, False),
     "never written": (_never_written, BIG, False),
@@ -84,19 +82,29 @@ def test_which_datasets_are_copied_raw(case: str, tmp_path: Path) -> None:
         assert raw_copyable(f["x"], path.stat().st_size) is expected
 
 
+@pytest.fixture(autouse=True)
+def small_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Raw copies from 16 KiB on, so that the D4RL sample's datasets take them."""
+    monkeypatch.setattr(hdf5_copy, "RAW_COPY_MIN", 16 << 10)
+
+
 def _d4rl_with_odd_objects(path: Path) -> Path:
-    """A D4RL file whose large datasets carry what an object copy must keep: attributes of
-    several types in creation order, big-endian values, a user fill value never written."""
-    r = hopper_rollout(ROWS)
+    """The D4RL sample's rows in a file whose datasets carry what an object copy must keep:
+    attributes of several types in creation order, big-endian values, a user fill value never
+    written (and flags under 16 KiB, left to HDF5's object copy)."""
+    with h5py.File(SAMPLE / "hopper_d4rl.hdf5", "r") as f:
+        d = {name: f[name][()] for name in ("observations", "next_observations", "actions")}
+        d |= {name: f[name][()] for name in ("rewards", "terminals", "timeouts")}
+        qpos, qvel = f["infos/qpos"][()], f["infos/qvel"][()]
     with h5py.File(path, "w") as f:
-        obs = f.create_dataset("observations", data=r.observations)
-        f.create_dataset("next_observations", data=r.next_observations)
-        f.create_dataset("actions", data=r.actions.astype(">f8"))
-        _user_fill_never(f.require_group("infos"), "qpos", r.qpos)
-        f.create_dataset("infos/qvel", data=r.qvel, track_order=True)
-        f.create_dataset("rewards", data=r.rewards)
-        f.create_dataset("terminals", data=r.terminals)
-        f.create_dataset("timeouts", data=r.timeouts)
+        obs = f.create_dataset("observations", data=d["observations"])
+        f.create_dataset("next_observations", data=d["next_observations"])
+        f.create_dataset("actions", data=d["actions"].astype(">f8"))
+        _user_fill_never(f.require_group("infos"), "qpos", qpos)
+        f.create_dataset("infos/qvel", data=qvel, track_order=True)
+        f.create_dataset("rewards", data=d["rewards"])
+        f.create_dataset("terminals", data=d["terminals"])
+        f.create_dataset("timeouts", data=d["timeouts"])
         obs.attrs["units"] = "rad"
         obs.attrs.create("scale", np.float16(0.5))
         obs.attrs["dims"] = np.arange(11, dtype=">i2")
@@ -119,7 +127,7 @@ def test_a_raw_copy_is_the_object_hdf5_would_copy(
     monkeypatch.setattr(RawCopies, "add", spy)
     out, back = tmp_path / "out.h5", tmp_path / "back.hdf5"
     compress(src, out, codec="exact")
-    assert sorted(added) == ["/actions", "/infos/qpos", "/infos/qvel", "/observations"]
+    assert sorted(added) == ["/actions", "/infos/qpos", "/infos/qvel", "/observations", "/rewards"]
     copied = {name.lstrip("/") for name in added}
     # The same object as stored: type, dataspace, creation properties, raw bytes, attributes.
     with h5py.File(src, "r") as f, h5py.File(out, "r") as g:
