@@ -72,6 +72,34 @@ def _fsync_tree(path: Path) -> None:
             _fsync(p)
 
 
+#: Working folders whose outputs are read back at once and deleted (``--pack``'s inner
+#: container): nothing written below them is flushed to disk, so their pages are dropped
+#: from memory, never written, when they are deleted.
+_SCRATCH: set[Path] = set()
+
+
+@contextmanager
+def scratch_folder(path: Path) -> Iterator[None]:
+    """Outputs below ``path`` are not flushed to disk while the block runs."""
+    path = path.resolve()
+    _SCRATCH.add(path)
+    try:
+        yield
+    finally:
+        _SCRATCH.discard(path)
+
+
+def in_scratch(path: Path) -> bool:
+    """Whether ``path`` lies in a folder of :func:`scratch_folder`."""
+    return any(_inside(path.resolve(), s) for s in _SCRATCH)
+
+
+def scratch_active() -> bool:
+    """Whether a scratch folder is being written (early write-back is then not asked for: a
+    hint only, so one answer for the whole process is enough)."""
+    return bool(_SCRATCH)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -376,9 +404,12 @@ def atomic_output(
         try:
             yield tmp
             # Durable before visible: after a crash, OUTPUT is the old one or the complete new one.
-            _fsync_tree(tmp)
+            durable = not in_scratch(tmp)
+            if durable:
+                _fsync_tree(tmp)
             _put_in_place(tmp, output)
-            _fsync(output.parent)
+            if durable:
+                _fsync(output.parent)
         except BaseException:
             _remove(tmp)
             raise

@@ -532,3 +532,23 @@ def test_free_space_check_on_a_small_disk(tmp_path: Path) -> None:
         ):
             tmp.write_text("never")
         assert list(disk.iterdir()) == []
+
+
+def test_scratch_outputs_are_put_in_place_without_flushing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--pack``'s working copy is read back at once and deleted: it is never flushed; an
+    output outside the scratch folder still is, before and after."""
+    flushed: list[Path] = []
+    monkeypatch.setattr(atomic, "_fsync_tree", flushed.append)
+    work = tmp_path / "work"
+    work.mkdir()
+    with atomic.scratch_folder(work):
+        assert atomic.scratch_active()
+        with atomic_output(work / "inner", source=tmp_path / "in", force=False) as tmp:
+            tmp.write_text("inner")
+        with atomic_output(tmp_path / "out", source=tmp_path / "in", force=False) as tmp:
+            tmp.write_text("out")
+    assert not atomic.scratch_active()
+    assert (work / "inner").read_text() == "inner" and (tmp_path / "out").read_text() == "out"
+    assert [p.name for p in flushed] == [".out.obsdelta-tmp-" + str(os.getpid())]

@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..atomic import scratch_active
+
 
 class LazyLeaf(ABC):
     """A dataset read and written by slices of its first dimension."""
@@ -113,8 +115,11 @@ _sync_file_range: Any = None
 def start_writeback(fd: int, offset: int, nbytes: int) -> None:
     """Ask the kernel to start writing ``nbytes`` at ``offset`` to disk now, without waiting
     (Linux ``sync_file_range``): the disk then works while the next chunks are read and
-    encoded, and the final ``fsync`` only waits for the tail. Elsewhere a no-op."""
+    encoded, and the final ``fsync`` only waits for the tail. Elsewhere, and for working
+    copies that are never flushed (:func:`~obsdelta_cli.atomic.scratch_folder`), a no-op."""
     global _sync_file_range
+    if scratch_active():
+        return
     if _sync_file_range is None:
         try:
             call = ctypes.CDLL(None, use_errno=True).sync_file_range

@@ -30,9 +30,9 @@ from ..filters import (
     Filter,
     choose,
     chunk_rows,
+    encode_chunks,
     family,
     sample_rows,
-    transform_rows,
 )
 from ..manifest import Manifest
 from .base import SIDECAR, Key, Source, key_str, write_sidecar
@@ -104,7 +104,10 @@ def write_dataset(
     chooser: Chooser,
 ) -> dict[str, Any]:
     """Create dataset ``name`` of ``group`` chunked along its first dimension with the chosen
-    filter and fill it from ``read``; return its entry for the manifest (filter, hash)."""
+    filter and fill it from ``read``; return its entry for the manifest (filter, hash).
+
+    Chunks are encoded on a pool of threads (:func:`~obsdelta_cli.filters.encode_chunks`) and
+    written as stored bytes, while the rows that follow are read and hashed."""
     per = chunk_rows(shape, dtype.itemsize)
     flt = chooser.pick(path, read, shape, per)
     ds = group.create_dataset(
@@ -117,23 +120,30 @@ def write_dataset(
     )
     if flt.transform:
         ds.attrs[TRANSFORM_ATTR] = flt.transform
+    dsid, tail = ds.id, (0,) * (len(shape) - 1)
+
+    def rows(start: int, stop: int) -> np.ndarray:
+        return np.ascontiguousarray(read(start, stop), dtype=dtype)
+
     if chooser.sample:
-        taken = 0
+        taken = stored = 0
         for sl in sample_rows(shape[0], per):
-            ds[sl] = transform_rows(
-                np.ascontiguousarray(read(sl.start, sl.stop)), per, flt.transform
-            )
-            taken += sl.stop - sl.start
-        stored = int(ds.id.get_storage_size())
+            data = flt.encode(rows(sl.start, sl.stop), per)
+            dsid.write_direct_chunk((sl.start, *tail), data)
+            taken, stored = taken + sl.stop - sl.start, stored + len(data)
         chooser.extra += stored * (shape[0] / taken - 1)
         return {"filter": flt.name, "chunk_rows": per, "values": ""}
     h = xxhash.xxh3_64()
     step = per * max(1, BLOCK_BYTES // max(1, per * math.prod(shape[1:]) * dtype.itemsize))
-    for start in range(0, shape[0], step):
-        stop = min(shape[0], start + step)
-        block = np.ascontiguousarray(read(start, stop))
-        h.update(block.view(np.uint8).reshape(-1).data if block.size else b"")
-        ds[start:stop] = transform_rows(block, per, flt.transform)
+
+    def blocks() -> Iterator[tuple[int, np.ndarray]]:
+        for start in range(0, shape[0], step):
+            block = rows(start, min(shape[0], start + step))
+            h.update(block.reshape(-1).view(np.uint8).data)
+            yield start, block
+
+    for first, data in encode_chunks(blocks(), per, flt):
+        dsid.write_direct_chunk((first, *tail), data)
     return {"filter": flt.name, "chunk_rows": per, "values": h.hexdigest()}
 
 
