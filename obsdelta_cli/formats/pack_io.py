@@ -32,6 +32,7 @@ from ..filters import (
     chunk_rows,
     encode_chunks,
     family,
+    minimal_headers,
     sample_rows,
 )
 from ..manifest import Manifest
@@ -179,6 +180,7 @@ def pack(inner: Source, inner_name: str, manifest: Manifest, out: Path, chooser:
     """Write the packed file ``out`` from the opened compressed container ``inner``; return its
     size, or with ``chooser.sample``, the size predicted for the whole file."""
     with h5_output(out, LIBVER) as f:
+        minimal_headers(f)
         if isinstance(inner.handle, h5py.File):
             info = _pack_hdf5(inner.handle, f, chooser)
         else:
@@ -245,7 +247,9 @@ def _pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, An
             out.attrs.create(name, src.attrs[name], dtype=src.attrs.get_id(name).dtype)
 
     def walk(group: h5py.Group, dst: h5py.Group) -> None:
-        for name, obj in group.items():
+        # A list, not h5py's view: iterating the view holds h5py's lock, which a chunk encoder
+        # thread may need (to free an h5py object) while this thread waits for it.
+        for name, obj in list(group.items()):
             path = obj.name.lstrip("/")
             if path == MANIFEST:
                 continue  # the inner manifest: the packed one holds it
