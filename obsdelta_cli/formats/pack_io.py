@@ -66,6 +66,10 @@ from .packed import (
 LIBVER = ("v110", "v110")
 #: Rows are moved in blocks of about this many bytes (whole chunks).
 BLOCK_BYTES = 8 << 20
+#: A packed file's manifest longer than this is stored compressed (a quarter of its size): a
+#: robomimic file's, one record per demo and key, is tens of KB in a file of a few 100 KB.
+#: Below it, the dataset's own object header costs about what compression gains.
+PLAIN_MANIFEST_BYTES = 1 << 13
 
 Reader = Callable[[int, int], np.ndarray]
 
@@ -185,7 +189,8 @@ def pack(inner: Source, inner_name: str, manifest: Manifest, out: Path, chooser:
             info = _pack_hdf5(inner.handle, f, chooser)
         else:
             info = _pack_folder(inner, f, chooser)
-        write_meta(f, packed_manifest(manifest, inner_name, info).to_json())
+        meta = packed_manifest(manifest, inner_name, info).to_json()
+        write_meta(f, meta, plain_bytes=PLAIN_MANIFEST_BYTES)
     return out.stat().st_size + round(chooser.extra)
 
 
