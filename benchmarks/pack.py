@@ -1,12 +1,29 @@
-"""``compress --pack`` against the zstd CLI on the same non-repeating inputs, in one run.
+"""``compress --pack`` against the zstd CLI on every format ``--pack`` takes, in one run.
 
-Inputs: Pong frames from real ale-py rollouts (random policy, grayscale, a TED memmap folder)
-and a Hopper-like D4RL file (real Hopper-v5 steps, tests/realistic.py). For each: the packed
-size and time, and ``tar | zstd -3 -T1`` and ``tar | zstd -19 --long=27`` sizes and times.
-Then training reads from the packed Hopper file against sorted h5py reads of the plain one, and
-a behaviour-cloning loop fed by each (``reads.py``, in its own process, warm cache).
+    python benchmarks/pack.py [--out benchmarks/out] [--repeat N] [--z19-max-mb 200] [--quick]
 
-    python benchmarks/pack.py --pong-steps 3000 --hopper-rows 20000
+Every input is non-repeating data in the layout its format ships with:
+
+- realistic sizes of every format: a TED memmap folder (the TorchRL collector layout of
+  ``sample_data/hopper_ted``, 3,000 rows like the sample, and 100,000 rows), a TorchRL
+  replay-buffer dump and a TED-HDF5 file (``td.to_h5``, gzip) of the same 100,000 rows, a D4RL
+  v2 file (``hopper-medium-v2``'s layout, gzip, ``infos/*`` and ``metadata/*``; real Hopper-v5
+  rollouts, ``tests/realistic.py``) and a robomimic file with two 84x84 camera keys;
+- inputs of 300 MB and more for the speed check: Pong frames from real ale-py rollouts (random
+  policy, grayscale, a TED memmap folder), and the contiguous D4RL file and TED memmap folder
+  of ``run.py`` (``inputs.py``: real Hopper-v5 episodes, each with its own noise);
+- ``.pt`` inputs: :data:`PT_INPUTS`, empty until ``--pack`` takes them.
+
+For each: the input's bytes on disk, then bytes and wall time of ``compress --pack`` (the CLI,
+start-up included), ``zstd -3 -T1`` and ``zstd -19 --long=27 -T1`` (on a file; ``tar | zstd``
+on a folder), each timed as ``run.py`` times its commands (``Bench.time``: cold input, programs
+warm, the baselines ending with ``&& sync`` as obsdelta flushes its own output; median of
+``--repeat`` runs). ``zstd -19`` takes minutes per 100 MB of float data here: inputs over
+``--z19-max-mb`` skip it. Then training reads from the packed D4RL v2 file against sorted h5py
+reads of the plain one, and a behaviour-cloning loop fed by each (``reads.py``, warm cache).
+
+Needs ale-py (``pip install -e ".[dev]"``) for the Pong input, torchrl for the replay-buffer
+dump, and the ``zstd`` program.
 """
 
 from __future__ import annotations
@@ -16,15 +33,41 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from inputs import D4RL, TED, BenchInput, blocks, ensure_input, load_pool, write_ted
+from measure import can_drop_caches, dataset_bytes, remove
+from run import PYTHON, ZSTD, ZSTD_TAR, Bench, Timing, loadavg
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+MB = 10**6
+#: ``zstd`` levels compared, as ``run.py``'s ``zstd -1 -T1`` command with these options.
+LEVELS = {"zstd -3 -T1": "-3 -T1", "zstd -19 --long=27 -T1": "-19 --long=27 -T1"}
+
+
+@dataclass(frozen=True)
+class PackInput(BenchInput):
+    """An input with its own row label."""
+
+    name: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.name
+
+
+Builder = Callable[[Path], Path]
+#: ``.pt`` inputs, as ``(label, builder)``: a row each once ``--pack`` takes ``.pt`` files.
+PT_INPUTS: list[tuple[str, Builder]] = []
+
+
+# -- inputs ---------------------------------------------------------------------------------
 
 
 def pong_ted(steps: int, path: Path, seed: int = 0) -> Path:
@@ -65,83 +108,191 @@ def pong_ted(steps: int, path: Path, seed: int = 0) -> Path:
     return path
 
 
-def hopper_d4rl(rows: int, path: Path) -> Path:
-    from tests.realistic import hopper_rollout, write_d4rl_v2
+def hopper_ted(rows: int, seed: int) -> Builder:
+    """A TED memmap folder of ``rows`` non-repeating Hopper transitions (``inputs.py``)."""
 
-    write_d4rl_v2(hopper_rollout(rows), path)
-    return path
+    def build(path: Path) -> Path:
+        pool = load_pool(path.parent)
+        write_ted(path, rows, blocks(pool, rows, seed))
+        return path
+
+    return build
 
 
-def zstd(src: Path, level: list[str]) -> tuple[int, float]:
-    """Bytes and seconds of ``tar | zstd`` (or ``zstd`` on a file)."""
+def from_ted(ted: Builder, write: Callable[..., Path]) -> Builder:
+    """Another container of the TED that ``ted`` builds, written by ``tests/writers.py``."""
+
+    def build(path: Path) -> Path:
+        from tensordict import TensorDict
+
+        source = ted(path.with_name(path.name + ".ted"))
+        td = TensorDict.load_memmap(source).clone()
+        out = write(td, path)
+        remove(source)
+        remove(path.parent / "scratch")  # the replay buffer's own working folder
+        return out
+
+    return build
+
+
+def d4rl_v2(rows: int) -> Builder:
+    def build(path: Path) -> Path:
+        from tests.realistic import hopper_rollout, write_d4rl_v2
+
+        return write_d4rl_v2(hopper_rollout(rows), path)
+
+    return build
+
+
+def robomimic(demos: int, image: int) -> Builder:
+    def build(path: Path) -> Path:
+        from tests.realistic import write_robomimic_real
+
+        return write_robomimic_real(path, demos=demos, image=image)
+
+    return build
+
+
+def built(root: Path, name: str, label: str, suffix: str, build: Builder) -> PackInput:
+    """The input ``name``, built unless a complete one is cached (its marker is written last)."""
+    path = root / f"{name}{suffix}"
+    marker = root / f"{name}.pack.json"
     start = time.perf_counter()
-    if src.is_dir():
-        tar = subprocess.Popen(
-            ["tar", "-C", str(src.parent), "-cf", "-", src.name], stdout=subprocess.PIPE
-        )
-        out = subprocess.run(
-            ["zstd", *level, "-c"], stdin=tar.stdout, capture_output=True, check=True
-        )
-        tar.wait()
-    else:
-        out = subprocess.run(["zstd", *level, "-c", str(src)], capture_output=True, check=True)
-    return len(out.stdout), time.perf_counter() - start
+    cached = marker.exists() and path.exists()
+    if not cached:
+        remove(marker)
+        remove(path)
+        root.mkdir(parents=True, exist_ok=True)
+        path = build(path)
+        marker.write_text(json.dumps({"seconds": time.perf_counter() - start}))
+    size = dataset_bytes(path)
+    seconds = json.loads(marker.read_text())["seconds"]
+    return PackInput(TED, size / 1e9, path, 0, size, seconds, cached, 0, label)
 
 
-def raw_bytes(path: Path) -> int:
-    from obsdelta_cli.formats import disk_size
+def large(item: BenchInput, label: str) -> PackInput:
+    return PackInput(TED, item.size_gb, item.path, item.rows, item.bytes, 0.0, True, 0, label)
 
-    return disk_size(path)
+
+def inputs(root: Path, args: argparse.Namespace) -> list[PackInput]:
+    """Every input of the table (realistic sizes of each format first, then the large ones)."""
+    from tests.writers import write_rb, write_ted_hdf5
+
+    medium = hopper_ted(100_000, 12)
+    realistic: list[tuple[str, str, str, Builder]] = [
+        ("ted-3k", "TED memmap, Hopper, 3,000 rows", "", hopper_ted(3_000, 11)),
+        ("ted-100k", "TED memmap, Hopper, 100,000 rows", "", medium),
+        ("rb-100k", "TorchRL replay-buffer dump, 100,000 rows", "", from_ted(medium, write_rb)),
+        ("tedh5-100k", "TED-HDF5 (gzip), 100,000 rows", ".h5", from_ted(medium, write_ted_hdf5)),
+        ("d4rl-v2-50k", "D4RL v2 (hopper-medium-v2 layout), 50,000 rows", ".hdf5", d4rl_v2(50_000)),
+        ("robomimic-84", "robomimic, 100 demos, two 84x84 cameras", ".hdf5", robomimic(100, 84)),
+    ]
+    items = [built(root, *spec) for spec in realistic]
+    items += [built(root, f"pt-{i}", label, ".pt", b) for i, (label, b) in enumerate(PT_INPUTS)]
+    if args.quick:
+        return items
+    pong = f"Pong, {args.pong_steps:,} real ale-py steps (210x160 grayscale), TED memmap"
+    items.append(
+        built(root, f"pong-{args.pong_steps}", pong, "", lambda p: pong_ted(args.pong_steps, p))
+    )
+    for layout, name in ((D4RL, "D4RL HDF5 (contiguous)"), (TED, "TED memmap")):
+        item = ensure_input(root, layout, args.large_gb, 21 if layout == D4RL else 22)
+        items.append(large(item, f"Hopper {name}, {item.bytes / MB:,.0f} MB, {item.rows:,} rows"))
+    return items
+
+
+# -- timing ---------------------------------------------------------------------------------
+
+
+def zstd_argv(src: Path, out: Path, options: str) -> list[str]:
+    """``run.py``'s ``zstd -1 -T1 ... && sync`` command with other ``options``."""
+    script = (ZSTD_TAR if src.is_dir() else ZSTD).replace("-1 -T1", options)
+    where = [str(src.parent), src.name] if src.is_dir() else [str(src)]
+    return ["bash", "-c", script, "zstd", *where, str(out)]
+
+
+def cell(t: Timing | None, item: BenchInput) -> str:
+    if t is None or t.seconds is None or not t.output_bytes:
+        return t.status if t is not None else "-"
+    return f"{item.bytes / t.output_bytes:.2f}x, {t.seconds:.1f} s"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--pong-steps", type=int, default=3000)
-    parser.add_argument("--hopper-rows", type=int, default=20000)
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("out") / "pack")
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--pong-steps", type=int, default=5000)
+    parser.add_argument("--large-gb", type=float, default=0.5)
+    parser.add_argument("--z19-max-mb", type=float, default=200)
+    parser.add_argument("--quick", action="store_true", help="realistic sizes only")
+    parser.add_argument("--no-reads", action="store_true", help="skip the training reads")
     args = parser.parse_args()
-    from obsdelta_cli import compress
-
-    work = Path(tempfile.mkdtemp(prefix="obsdelta-pack-bench-"))
+    if shutil.which("zstd") is None:
+        raise SystemExit("zstd is needed: apt-get update && apt-get install -y zstd")
+    root, scratch = args.out.resolve() / "inputs", args.out.resolve() / "work"
+    remove(scratch)
+    scratch.mkdir(parents=True)
+    obsdelta = [PYTHON, "-m", "obsdelta_cli"]
+    bench = Bench(obsdelta, can_drop_caches(), args.repeat, scratch)
+    load = loadavg()
+    rows = []
     try:
-        inputs = {
-            "Pong TED memmap": pong_ted(args.pong_steps, work / "pong"),
-            "Hopper D4RL": hopper_d4rl(args.hopper_rows, work / "hopper.hdf5"),
-        }
-        print("| input | raw | --pack | zstd -3 -T1 | zstd -19 --long=27 |")
-        print("|---|---|---|---|---|")
-        for name, src in inputs.items():
-            raw = raw_bytes(src)
-            start = time.perf_counter()
-            result = compress(src, work / f"{src.name}.packed.h5", pack=True)
-            packed_s = time.perf_counter() - start
-            z3, z3_s = zstd(src, ["-3", "-T1"])
-            z19, z19_s = zstd(src, ["-19", "--long=27", "-T1"])
-            print(
-                f"| {name} | {raw / 1e6:.1f} MB "
-                f"| {raw / result.bytes_after:.2f}x, {packed_s:.1f} s "
-                f"| {raw / z3:.2f}x, {z3_s:.1f} s | {raw / z19:.2f}x, {z19_s:.1f} s |"
-            )
-        hopper = inputs["Hopper D4RL"]
-        reads = subprocess.run(
-            [sys.executable, str(Path(__file__).with_name("reads.py")), "d4rl", str(hopper),
-             str(work / f"{hopper.name}.packed.h5"), "--batches", "1000", "--bc-steps", "500"],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        r = json.loads(reads.stdout.splitlines()[-1])
-        print()
-        print(
-            "| packed Hopper D4RL | open_dataset vs sorted h5py reads | BC loop, packed / plain |"
-        )
-        print("|---|---|---|")
-        print(
-            f"| {r['rows']:,} rows | {r['packed_rows_per_s']:,.0f} vs "
-            f"{r['plain_rows_per_s']:,.0f} rows/s: "
-            f"{r['packed_rows_per_s'] / r['plain_rows_per_s']:.2f}x "
-            f"| {r['packed_bc_seconds']:.2f} / {r['plain_bc_seconds']:.2f} s: "
-            f"{r['packed_bc_seconds'] / r['plain_bc_seconds']:.2f}x |"
-        )
+        items = inputs(root, args)
+        for item in items:
+            packed = scratch / f"{item.path.name}.packed.h5"
+            argv = [*obsdelta, "compress", str(item.path), "-o", str(packed), "--pack", "-q"]
+            ours = bench.time(item, "compress --pack", argv, [item.path], packed)
+            theirs: list[Timing | None] = []
+            for name, options in LEVELS.items():
+                if "-19" in options and item.bytes > args.z19_max_mb * MB:
+                    theirs.append(None)
+                    continue
+                out = scratch / "z.zst"
+                theirs.append(
+                    bench.time(
+                        item, name, zstd_argv(item.path, out, options), [item.path], out, keep=False
+                    )
+                )
+            rows.append((item, ours, theirs))
+            if "D4RL v2" not in item.label:
+                remove(packed)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        print()
+        print(f"load average at the start: {load}; at the end: {loadavg()}")
+        print()
+        print("| input | raw | `--pack` | `zstd -3 -T1` | `zstd -19 --long=27` |")
+        print("|---|---|---|---|---|")
+        for item, ours, theirs in rows:
+            z3, z19 = theirs
+            skipped = f"not run (over {args.z19_max_mb:g} MB)"
+            print(
+                f"| {item.label} | {item.bytes / MB:,.1f} MB | {cell(ours, item)} "
+                f"| {cell(z3, item)} | {cell(z19, item) if z19 is not None else skipped} |"
+            )
+    d4rl = next((item for item, *_ in rows if "D4RL v2" in item.label), None)
+    if d4rl is not None and not args.no_reads:
+        reads_table(d4rl.path, scratch / f"{d4rl.path.name}.packed.h5")
+    remove(scratch)
+
+
+def reads_table(plain: Path, packed: Path) -> None:
+    """Training reads and a behaviour-cloning loop: the packed file vs sorted h5py reads."""
+    reads = subprocess.run(
+        [PYTHON, str(Path(__file__).with_name("reads.py")), "d4rl", str(plain), str(packed),
+         "--batches", "1000", "--bc-steps", "500"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    r = json.loads(reads.stdout.splitlines()[-1])
+    print()
+    print("| packed D4RL v2 | open_dataset vs sorted h5py reads | BC loop, packed / plain |")
+    print("|---|---|---|")
+    print(
+        f"| {r['rows']:,} rows | {r['packed_rows_per_s']:,.0f} vs "
+        f"{r['plain_rows_per_s']:,.0f} rows/s: "
+        f"{r['packed_rows_per_s'] / r['plain_rows_per_s']:.2f}x "
+        f"| {r['packed_bc_seconds']:.2f} / {r['plain_bc_seconds']:.2f} s: "
+        f"{r['packed_bc_seconds'] / r['plain_bc_seconds']:.2f}x |"
+    )
 
 
 if __name__ == "__main__":

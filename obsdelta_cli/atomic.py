@@ -90,8 +90,10 @@ def write_back(path: Path) -> threading.Thread:
     Outputs are written to the page cache while the input is read, and go to disk once
     complete, while they are re-read for verification: the disk then never reads and writes
     at once (which costs more than doing each in turn), and the final ``fsync`` finds little
-    left to do. Returns the thread; joining it is optional."""
-    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    left to do. Nothing is written for a working copy (:func:`scratch_folder`). Returns the
+    thread; joining it is optional."""
+    files = [] if in_scratch(path) else [path] if path.is_file() else [*path.rglob("*")]
+    files = [p for p in files if p.is_file()]
 
     def run() -> None:
         for p in files:
@@ -113,6 +115,28 @@ def _fsync_tree(path: Path) -> None:
     for p in paths:
         if not p.is_symlink():
             _fsync(p)
+
+
+#: Working folders whose outputs are read back at once and deleted (``--pack``'s inner
+#: container): nothing written below them is flushed to disk, so their pages are dropped
+#: from memory, never written, when they are deleted.
+_SCRATCH: set[Path] = set()
+
+
+@contextmanager
+def scratch_folder(path: Path) -> Iterator[None]:
+    """Outputs below ``path`` are not flushed to disk while the block runs."""
+    path = path.resolve()
+    _SCRATCH.add(path)
+    try:
+        yield
+    finally:
+        _SCRATCH.discard(path)
+
+
+def in_scratch(path: Path) -> bool:
+    """Whether ``path`` lies in a folder of :func:`scratch_folder`."""
+    return any(_inside(path.resolve(), s) for s in _SCRATCH)
 
 
 def _alive(pid: int) -> bool:
@@ -419,9 +443,12 @@ def atomic_output(
         try:
             yield tmp
             # Durable before visible: after a crash, OUTPUT is the old one or the complete new one.
-            _fsync_tree(tmp)
+            durable = not in_scratch(tmp)
+            if durable:
+                _fsync_tree(tmp)
             _put_in_place(tmp, output)
-            _fsync(output.parent)
+            if durable:
+                _fsync(output.parent)
         except BaseException:
             _remove(tmp)
             raise

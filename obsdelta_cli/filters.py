@@ -1,9 +1,14 @@
 """HDF5 filters for packed files: the candidates, chunk shapes, the choice per key measured on a
-sample of chunks, and the one lossless transform, frame deltas for uint8 images.
+sample of chunks, the one lossless transform (frame deltas for uint8 images), and the encoder
+that compresses chunks on a pool of threads.
 
-Every candidate is a filter pipeline that plain ``h5py`` reads once ``hdf5plugin`` is imported.
-The set is small on purpose: each is measured on every key's sample, and each must compress at
-several hundred MB/s on one core.
+Every candidate is a filter pipeline that plain ``h5py`` reads once ``hdf5plugin`` is imported:
+HDF5's own byte shuffle (optional) then hdf5plugin's Zstd filter, whose chunk is one zstd frame.
+Chunks are encoded here, in exactly those bytes, by ``zstandard`` (which releases the
+interpreter lock, so both cores compress), and written as they are with
+``write_direct_chunk``: HDF5 itself filters nothing, and a chunk's size is known before it is
+written. The set is small on purpose: each is measured on every key's sample, and each must
+compress at several hundred MB/s on one core.
 
 >>> import numpy as np
 >>> frames = np.array([[1, 2], [3, 2], [3, 255]], dtype=np.uint8)
@@ -13,9 +18,14 @@ True
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
+import os
 import re
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,22 +40,11 @@ CHUNK_BYTES = 1 << 20
 #: Chunks of each key the filter choice is measured on (spread evenly over the key's rows).
 SAMPLE_CHUNKS = 4
 #: Datasets smaller than this are copied as they are: filters would gain only bytes.
-MIN_PACK_BYTES = 1 << 12
+MIN_PACK_BYTES = 1 << 10
 #: The transform that stores frame ``t`` minus frame ``t - 1`` (mod 256) within a chunk.
 FRAME_DELTA = "frame-delta"
-
-
-@dataclass(frozen=True)
-class Filter:
-    """One filter pipeline a packed dataset may get, by name."""
-
-    name: str
-    #: ``h5py`` ``create_dataset`` keywords.
-    kwargs: Callable[[], dict[str, Any]]
-    #: Applies to datasets of this item size at most (shuffles do nothing to bytes).
-    itemsize_min: int = 1
-    #: Stores frame deltas (uint8 images only).
-    transform: str | None = None
+#: hdf5plugin's Zstd filter (its registered HDF5 filter id).
+ZSTD_FILTER = 32015
 
 
 def plugins() -> Any:
@@ -60,26 +59,141 @@ def plugins() -> Any:
     return hdf5plugin
 
 
-#: Blosc2's shuffle filters (``hdf5plugin.Blosc2.SHUFFLE`` and ``BITSHUFFLE``).
-SHUFFLE, BITSHUFFLE = 1, 2
+_local = threading.local()
 
 
-def _blosc2(shuffle: int) -> Callable[[], dict[str, Any]]:
-    # zstd at level 1 inside Blosc2: byte or bit shuffle first, blocks compressed on both cores.
-    return lambda: dict(plugins().Blosc2(cname="zstd", clevel=1, filters=shuffle))
+def _zstandard() -> Any:
+    """``zstandard``, which writing packed files needs (reading needs only hdf5plugin)."""
+    try:
+        import zstandard
+    except ImportError:
+        raise UsageError(
+            "writing packed files needs zstandard", hint="pip install 'obsdelta[hdf5plugin]'"
+        ) from None
+    return zstandard
 
 
-def _zstd() -> dict[str, Any]:
-    # One zstd frame per chunk: matches reach across the whole chunk (repeated frames).
-    return dict(plugins().Zstd(clevel=3))
+def _compressor(level: int) -> Any:
+    """This thread's zstd compressor at ``level`` (a compressor is not shared between threads)."""
+    cache = getattr(_local, "compressors", None)
+    if cache is None:
+        cache = _local.compressors = {}
+    if level not in cache:
+        cache[level] = _zstandard().ZstdCompressor(level=level)
+    return cache[level]
+
+
+@dataclass(frozen=True)
+class Filter:
+    """One filter pipeline a packed dataset may get, by name: optional byte shuffle, then zstd
+    at ``level`` over the whole chunk."""
+
+    name: str
+    level: int
+    shuffle: bool = False
+    #: Applies to datasets of this item size at most (shuffles do nothing to bytes).
+    itemsize_min: int = 1
+    #: Stores frame deltas (uint8 images only).
+    transform: str | None = None
+
+    def kwargs(self) -> dict[str, Any]:
+        """``h5py`` ``create_dataset`` keywords for the pipeline (shuffle runs first)."""
+        return dict(shuffle=self.shuffle, **plugins().Zstd(clevel=self.level))
+
+    def encode(self, rows: np.ndarray, per_chunk: int) -> bytes:
+        """One stored chunk from its ``rows`` (at most ``per_chunk``, C-contiguous, of the
+        dataset's dtype): the bytes the HDF5 pipeline would store. An edge chunk is padded
+        with zeros to the full chunk, as HDF5 stores it."""
+        if self.transform == FRAME_DELTA:
+            rows = frame_delta(rows)
+        if len(rows) < per_chunk:
+            full = np.zeros((per_chunk, *rows.shape[1:]), dtype=rows.dtype)
+            full[: len(rows)] = rows
+            rows = full
+        raw = rows.reshape(-1).view(np.uint8)
+        zstd = _compressor(self.level)
+        if not self.shuffle or rows.dtype.itemsize == 1:
+            return bytes(zstd.compress(raw))
+        # HDF5's shuffle: byte 0 of every element, then byte 1, ... Each byte plane ends a
+        # zstd block, so each gets its own entropy tables (sign and exponent bytes repeat,
+        # low mantissa bytes barely do): 10% smaller on chunks of a few 100 KB, where one
+        # block would otherwise mix the planes. Still one frame, with its size in the header.
+        planes = np.ascontiguousarray(raw.reshape(-1, rows.dtype.itemsize).T)
+        stream, block = zstd.compressobj(size=planes.nbytes), _zstandard().COMPRESSOBJ_FLUSH_BLOCK
+        out = [piece for plane in planes for piece in (stream.compress(plane), stream.flush(block))]
+        return b"".join([*out, stream.flush()])
 
 
 FILTERS: dict[str, Filter] = {
-    "blosc2-shuffle-zstd1": Filter("blosc2-shuffle-zstd1", _blosc2(SHUFFLE), 2),
-    "blosc2-bitshuffle-zstd1": Filter("blosc2-bitshuffle-zstd1", _blosc2(BITSHUFFLE)),
-    "zstd3": Filter("zstd3", _zstd),
-    "frame-delta-zstd3": Filter("frame-delta-zstd3", _zstd, transform=FRAME_DELTA),
+    "shuffle-zstd1": Filter("shuffle-zstd1", 1, shuffle=True, itemsize_min=2),
+    "zstd3": Filter("zstd3", 3),
+    "frame-delta-zstd3": Filter("frame-delta-zstd3", 3, transform=FRAME_DELTA),
 }
+
+
+@functools.cache
+def _hdf5_library() -> Any:
+    """The HDF5 library h5py runs on (found among the process's mapped files, Linux), for a
+    call h5py does not wrap; ``None`` where it is not found."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({ln.split()[-1] for ln in maps if "libhdf5" in ln and "_hl" not in ln})
+    except OSError:
+        return None
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+            lib.H5Fset_dset_no_attrs_hint.argtypes = [ctypes.c_int64, ctypes.c_bool]
+            return lib
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+def minimal_headers(f: h5py.File) -> None:
+    """Datasets created in ``f`` get object headers of the minimum size, without the room
+    HDF5 keeps for attributes (``H5Fset_dset_no_attrs_hint``, HDF5 1.10.5+): 127 bytes fewer
+    per dataset, which counts in small packed files and in robomimic's thousands of
+    datasets. An attribute added later still fits (in a continuation block). Where the call
+    cannot be made, headers keep their usual size."""
+    lib = _hdf5_library()
+    if lib is not None:
+        lib.H5Fset_dset_no_attrs_hint(f.id.id, True)
+
+
+def workers() -> int:
+    """Threads that encode chunks: one per core this process may use."""
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+
+
+_pool: ThreadPoolExecutor | None = None
+
+
+def pool() -> ThreadPoolExecutor:
+    """The chunk encoders, started on first use and kept for the process."""
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(workers(), thread_name_prefix="obsdelta-encode")
+    return _pool
+
+
+def encode_chunks(
+    blocks: Iterator[tuple[int, np.ndarray]], per_chunk: int, flt: Filter
+) -> Iterator[tuple[int, bytes]]:
+    """``(first row, stored bytes)`` of every chunk of ``blocks`` (``(first row, rows)``, each
+    starting on a chunk boundary), in order, encoded on :func:`pool` while the next blocks
+    are read; at most a few blocks are held at once."""
+    pending: list[tuple[int, Future[bytes]]] = []
+    ahead = 2 * workers()
+    for start, rows in blocks:
+        for offset in range(0, len(rows), per_chunk):
+            part = rows[offset : offset + per_chunk]
+            pending.append((start + offset, pool().submit(flt.encode, part, per_chunk)))
+        while len(pending) > ahead:
+            first, future = pending.pop(0)
+            yield first, future.result()
+    for first, future in pending:
+        yield first, future.result()
 
 
 def is_image(dtype: np.dtype, shape: Sequence[int]) -> bool:
@@ -113,16 +227,6 @@ def undo_frame_delta(chunk: np.ndarray) -> np.ndarray:
     return np.cumsum(chunk, axis=0, dtype=np.uint8)
 
 
-def transform_rows(rows: np.ndarray, per_chunk: int, transform: str | None) -> np.ndarray:
-    """Apply ``transform`` to ``rows`` (starting on a chunk boundary), chunk by chunk."""
-    if transform is None:
-        return rows
-    out = np.empty_like(rows)
-    for start in range(0, len(rows), per_chunk):
-        out[start : start + per_chunk] = frame_delta(rows[start : start + per_chunk])
-    return out
-
-
 def family(path: str) -> str:
     """The key a dataset's filter is chosen for: its path with numbers blanked, so one choice
     serves every robomimic demo (``data/demo_#/obs/agentview_image``).
@@ -141,25 +245,22 @@ def sample_rows(length: int, per_chunk: int, chunks: int = SAMPLE_CHUNKS) -> lis
 
 
 def compressed_size(rows: np.ndarray, per_chunk: int, flt: Filter) -> int:
-    """Bytes ``rows`` take in HDF5 chunks of ``per_chunk`` rows with ``flt`` (measured in a file
-    kept in memory, so exactly what the packed file will hold)."""
-    data = transform_rows(rows, per_chunk, flt.transform)
-    with h5py.File.in_memory() as f:
-        ds = f.create_dataset(
-            "x", data=data, chunks=(min(per_chunk, len(data)), *data.shape[1:]), **flt.kwargs()
-        )
-        return int(ds.id.get_storage_size())
+    """Bytes ``rows`` (starting on a chunk boundary) take in chunks of ``per_chunk`` rows with
+    ``flt``: exactly the chunks the packed file will hold."""
+    rows = np.ascontiguousarray(rows)
+    return sum(
+        len(flt.encode(rows[i : i + per_chunk], per_chunk)) for i in range(0, len(rows), per_chunk)
+    )
 
 
 def choose(samples: Sequence[np.ndarray], per_chunk: int) -> tuple[Filter, float]:
     """The filter that stores ``samples`` (whole chunks of one key) smallest, and its ratio of
-    stored to raw bytes."""
+    stored to raw bytes (every candidate measured on :func:`pool`)."""
     first = samples[0]
     raw = sum(s.nbytes for s in samples)
-    best: tuple[int, Filter] | None = None
-    for flt in candidates(first.dtype, first.shape):
-        size = sum(compressed_size(s, per_chunk, flt) for s in samples)
-        if best is None or size < best[0]:
-            best = (size, flt)
-    assert best is not None
-    return best[1], best[0] / max(1, raw)
+    sizes = [
+        (flt, [pool().submit(compressed_size, s, per_chunk, flt) for s in samples])
+        for flt in candidates(first.dtype, first.shape)
+    ]
+    best = min(sizes, key=lambda fs: sum(f.result() for f in fs[1]))
+    return best[0], sum(f.result() for f in best[1]) / max(1, raw)

@@ -551,3 +551,27 @@ def test_write_back_starts_every_file_of_an_output(
     seen.clear()
     atomic.write_back(out / "obs.memmap").join()
     assert seen == [str(out / "obs.memmap")]
+    seen.clear()
+    with atomic.scratch_folder(tmp_path):  # a working copy: never written to disk
+        atomic.write_back(out).join()
+    assert seen == []
+
+
+def test_scratch_outputs_are_put_in_place_without_flushing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--pack``'s working copy is read back at once and deleted: it is never flushed; an
+    output outside the scratch folder still is, before and after."""
+    flushed: list[Path] = []
+    monkeypatch.setattr(atomic, "_fsync_tree", flushed.append)
+    work = tmp_path / "work"
+    work.mkdir()
+    with atomic.scratch_folder(work):
+        assert atomic.in_scratch(work / "inner")
+        with atomic_output(work / "inner", source=tmp_path / "in", force=False) as tmp:
+            tmp.write_text("inner")
+        with atomic_output(tmp_path / "out", source=tmp_path / "in", force=False) as tmp:
+            tmp.write_text("out")
+    assert not atomic.in_scratch(work / "inner")
+    assert (work / "inner").read_text() == "inner" and (tmp_path / "out").read_text() == "out"
+    assert [p.name for p in flushed] == [".out.obsdelta-tmp-" + str(os.getpid())]

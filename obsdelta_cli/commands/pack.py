@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..atomic import _dead, _remove, atomic_output, check_output
+from ..atomic import _dead, _remove, atomic_output, check_output, scratch_folder
 from ..errors import UsageError
 from ..formats import detect, disk_size
 from ..formats.pack_io import Chooser, pack, unpack
@@ -74,8 +74,10 @@ def compress_packed(
         work = _work_dir(output)
         try:
             inner = work / _inner_name(input)
-            # Not verified here: the packed file is verified as a whole below.
-            result = compress(input, inner, chunk_mb=chunk_mb, verify=False, **options)
+            # Not verified here: the packed file is verified as a whole below. Nor flushed to
+            # disk: it is read back at once from memory and deleted.
+            with scratch_folder(work):
+                result = compress(input, inner, chunk_mb=chunk_mb, verify=False, **options)
             fmt, source = open_input(inner)
             try:
                 pack(source, fmt.name, manifest_of(source), tmp, Chooser())
@@ -124,7 +126,8 @@ def predict_packed(input: Path, *, chunk_mb: float = DEFAULT_CHUNK_MB, **options
     work = _work_dir(probe)
     try:
         inner = work / _inner_name(input)
-        compress(input, inner, chunk_mb=chunk_mb, verify=False, **options)
+        with scratch_folder(work):
+            compress(input, inner, chunk_mb=chunk_mb, verify=False, **options)
         fmt, source = open_input(inner)
         try:
             probe = work / "probe.h5"

@@ -23,11 +23,12 @@ MANIFEST = f"{OWN}/manifest"
 MAX_META_BYTES = 1 << 28
 
 
-def write_meta(out: h5py.File, meta: dict[str, Any]) -> None:
-    """Store the manifest: as the JSON root attribute, or when long, zlib-compressed in an
-    opaque dataset (non-tensor data to HDF5 readers) that the attribute names."""
+def write_meta(out: h5py.File, meta: dict[str, Any], plain_bytes: int = PLAIN_META_BYTES) -> None:
+    """Store the manifest: as the JSON root attribute, or when longer than ``plain_bytes``,
+    zlib-compressed in an opaque dataset (non-tensor data to HDF5 readers) that the attribute
+    names."""
     text = json.dumps(meta)
-    if len(text) <= PLAIN_META_BYTES:
+    if len(text) <= plain_bytes:
         out.attrs[META_ATTR] = text
         return
     packed = np.frombuffer(zlib.compress(text.encode(), 6), dtype=np.uint8)

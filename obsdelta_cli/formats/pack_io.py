@@ -30,9 +30,10 @@ from ..filters import (
     Filter,
     choose,
     chunk_rows,
+    encode_chunks,
     family,
+    minimal_headers,
     sample_rows,
-    transform_rows,
 )
 from ..manifest import Manifest
 from .base import SIDECAR, Key, Source, key_str, write_sidecar
@@ -66,6 +67,10 @@ from .packed import (
 LIBVER = ("v110", "v110")
 #: Rows are moved in blocks of about this many bytes (whole chunks).
 BLOCK_BYTES = 8 << 20
+#: A packed file's manifest longer than this is stored compressed (a quarter of its size): a
+#: robomimic file's, one record per demo and key, is tens of KB in a file of a few 100 KB.
+#: Below it, the dataset's own object header costs about what compression gains.
+PLAIN_MANIFEST_BYTES = 1 << 13
 
 Reader = Callable[[int, int], np.ndarray]
 
@@ -105,7 +110,10 @@ def write_dataset(
     chooser: Chooser,
 ) -> dict[str, Any]:
     """Create dataset ``name`` of ``group`` chunked along its first dimension with the chosen
-    filter and fill it from ``read``; return its entry for the manifest (filter, hash)."""
+    filter and fill it from ``read``; return its entry for the manifest (filter, hash).
+
+    Chunks are encoded on a pool of threads (:func:`~obsdelta_cli.filters.encode_chunks`) and
+    written as stored bytes, while the rows that follow are read and hashed."""
     per = chunk_rows(shape, dtype.itemsize)
     flt = chooser.pick(path, read, shape, per)
     ds = group.create_dataset(
@@ -118,23 +126,30 @@ def write_dataset(
     )
     if flt.transform:
         ds.attrs[TRANSFORM_ATTR] = flt.transform
+    dsid, tail = ds.id, (0,) * (len(shape) - 1)
+
+    def rows(start: int, stop: int) -> np.ndarray:
+        return np.ascontiguousarray(read(start, stop), dtype=dtype)
+
     if chooser.sample:
-        taken = 0
+        taken = stored = 0
         for sl in sample_rows(shape[0], per):
-            ds[sl] = transform_rows(
-                np.ascontiguousarray(read(sl.start, sl.stop)), per, flt.transform
-            )
-            taken += sl.stop - sl.start
-        stored = int(ds.id.get_storage_size())
+            data = flt.encode(rows(sl.start, sl.stop), per)
+            dsid.write_direct_chunk((sl.start, *tail), data)
+            taken, stored = taken + sl.stop - sl.start, stored + len(data)
         chooser.extra += stored * (shape[0] / taken - 1)
         return {"filter": flt.name, "chunk_rows": per, "values": ""}
     h = xxhash.xxh3_64()
     step = per * max(1, BLOCK_BYTES // max(1, per * math.prod(shape[1:]) * dtype.itemsize))
-    for start in range(0, shape[0], step):
-        stop = min(shape[0], start + step)
-        block = np.ascontiguousarray(read(start, stop))
-        h.update(block.view(np.uint8).reshape(-1).data if block.size else b"")
-        ds[start:stop] = transform_rows(block, per, flt.transform)
+
+    def blocks() -> Iterator[tuple[int, np.ndarray]]:
+        for start in range(0, shape[0], step):
+            block = rows(start, min(shape[0], start + step))
+            h.update(block.reshape(-1).view(np.uint8).data)
+            yield start, block
+
+    for first, data in encode_chunks(blocks(), per, flt):
+        dsid.write_direct_chunk((first, *tail), data)
     return {"filter": flt.name, "chunk_rows": per, "values": h.hexdigest()}
 
 
@@ -170,6 +185,7 @@ def pack(inner: Source, inner_name: str, manifest: Manifest, out: Path, chooser:
     """Write the packed file ``out`` from the opened compressed container ``inner``; return its
     size, or with ``chooser.sample``, the size predicted for the whole file."""
     with h5_output(out, LIBVER) as f:
+        minimal_headers(f)
         if isinstance(inner.handle, h5py.File):
             info = _pack_hdf5(inner.handle, f, chooser)
         elif inner_name == "ted-pt":
@@ -178,7 +194,8 @@ def pack(inner: Source, inner_name: str, manifest: Manifest, out: Path, chooser:
             info = pack_pt(inner, f, chooser)
         else:
             info = _pack_folder(inner, f, chooser)
-        write_meta(f, packed_manifest(manifest, inner_name, info).to_json())
+        meta = packed_manifest(manifest, inner_name, info).to_json()
+        write_meta(f, meta, plain_bytes=PLAIN_MANIFEST_BYTES)
     return out.stat().st_size + round(chooser.extra)
 
 
@@ -248,7 +265,9 @@ def _pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, An
     shared = plan_columns(repacked)
 
     def walk(group: h5py.Group, dst: h5py.Group) -> None:
-        for name, obj in group.items():
+        # A list, not h5py's view: iterating the view holds h5py's lock, which a chunk encoder
+        # thread may need (to free an h5py object) while this thread waits for it.
+        for name, obj in list(group.items()):
             path = obj.name.lstrip("/")
             if path == MANIFEST:
                 continue  # the inner manifest: the packed one holds it
