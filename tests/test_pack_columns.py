@@ -18,7 +18,8 @@ import torch
 
 from obsdelta_cli import compress, inflate, open_dataset, report, verify
 from obsdelta_cli.errors import DataError, ObsdeltaError
-from obsdelta_cli.filters import sample_rows
+from obsdelta_cli.filters import MIN_PACK_BYTES, sample_rows
+from obsdelta_cli.formats.hdf5_meta import read_meta
 from obsdelta_cli.formats.pack_columns import COLUMNS, SAMPLE_ROWS
 
 from . import realistic as R
@@ -58,7 +59,9 @@ def _packed(src: Path, tmp_path: Path) -> Path:
 
 def _entries(packed: Path) -> dict[str, Any]:
     with h5py.File(packed, "r") as f:
-        return json.loads(f.attrs["obsdelta"])["pack"]["datasets"]
+        meta = read_meta(f, packed)  # a long manifest is stored compressed
+    assert meta is not None
+    return meta["pack"]["datasets"]
 
 
 def _same_values_in_plain_h5py(packed: Path, original: Path, names: list[str]) -> None:
@@ -245,7 +248,7 @@ def test_robomimic_sample_maps_its_states(tmp_path: Path) -> None:
     entries = _entries(_packed(src, tmp_path))
     mapped = {k: e["columns"] for k, e in entries.items() if "columns" in e}
     with h5py.File(src, "r") as f:
-        long = [d for d in f["data"] if f[f"data/{d}/obs/qpos"].nbytes >= 4096]
+        long = [d for d in f["data"] if f[f"data/{d}/obs/qpos"].nbytes >= MIN_PACK_BYTES]
     assert long and sorted(mapped) == sorted(f"data/{d}/obs/{k}" for d in long for k in QS)
     for name, columns in mapped.items():
         states = name.rsplit("/obs/", 1)[0] + "/states"
