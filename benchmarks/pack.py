@@ -6,13 +6,13 @@ Every input is non-repeating data in the layout its format ships with:
 
 - realistic sizes of every format: a TED memmap folder (the TorchRL collector layout of
   ``sample_data/hopper_ted``, 3,000 rows like the sample, and 100,000 rows), a TorchRL
-  replay-buffer dump and a TED-HDF5 file (``td.to_h5``, gzip) of the same 100,000 rows, a D4RL
+  replay-buffer dump, a ``.pt`` file (``torch.save``) and a TED-HDF5 file (``td.to_h5``, gzip)
+  of the same 100,000 rows, a D4RL
   v2 file (``hopper-medium-v2``'s layout, gzip, ``infos/*`` and ``metadata/*``; real Hopper-v5
   rollouts, ``tests/realistic.py``) and a robomimic file with two 84x84 camera keys;
 - inputs of 300 MB and more for the speed check: Pong frames from real ale-py rollouts (random
   policy, grayscale, a TED memmap folder), and the contiguous D4RL file and TED memmap folder
   of ``run.py`` (``inputs.py``: real Hopper-v5 episodes, each with its own noise);
-- ``.pt`` inputs: :data:`PT_INPUTS`, empty until ``--pack`` takes them.
 
 For each: the input's bytes on disk, then bytes and wall time of ``compress --pack`` (the CLI,
 start-up included), ``zstd -3 -T1`` and ``zstd -19 --long=27 -T1`` (on a file; ``tar | zstd``
@@ -63,8 +63,6 @@ class PackInput(BenchInput):
 
 
 Builder = Callable[[Path], Path]
-#: ``.pt`` inputs, as ``(label, builder)``: a row each once ``--pack`` takes ``.pt`` files.
-PT_INPUTS: list[tuple[str, Builder]] = []
 
 
 # -- inputs ---------------------------------------------------------------------------------
@@ -176,19 +174,24 @@ def large(item: BenchInput, label: str) -> PackInput:
 
 def inputs(root: Path, args: argparse.Namespace) -> list[PackInput]:
     """Every input of the table (realistic sizes of each format first, then the large ones)."""
-    from tests.writers import write_rb, write_ted_hdf5
+    from tests.writers import write_pt, write_rb, write_ted_hdf5
 
     medium = hopper_ted(100_000, 12)
     realistic: list[tuple[str, str, str, Builder]] = [
         ("ted-3k", "TED memmap, Hopper, 3,000 rows", "", hopper_ted(3_000, 11)),
         ("ted-100k", "TED memmap, Hopper, 100,000 rows", "", medium),
         ("rb-100k", "TorchRL replay-buffer dump, 100,000 rows", "", from_ted(medium, write_rb)),
+        (
+            "pt-100k",
+            "`.pt` (torch.save of a TensorDict), 100,000 rows",
+            ".pt",
+            from_ted(medium, write_pt),
+        ),
         ("tedh5-100k", "TED-HDF5 (gzip), 100,000 rows", ".h5", from_ted(medium, write_ted_hdf5)),
         ("d4rl-v2-50k", "D4RL v2 (hopper-medium-v2 layout), 50,000 rows", ".hdf5", d4rl_v2(50_000)),
         ("robomimic-84", "robomimic, 100 demos, two 84x84 cameras", ".hdf5", robomimic(100, 84)),
     ]
     items = [built(root, *spec) for spec in realistic]
-    items += [built(root, f"pt-{i}", label, ".pt", b) for i, (label, b) in enumerate(PT_INPUTS)]
     if args.quick:
         return items
     pong = f"Pong, {args.pong_steps:,} real ale-py steps (210x160 grayscale), TED memmap"
