@@ -74,6 +74,7 @@ class RawCopies:
 
     def __init__(self, source: Path, out: h5py.File, out_fd: int) -> None:
         self.source, self.out, self.out_fd = source, out, out_fd
+        self.out_path = out.filename  # read here: the thread makes no h5py call
         self.source_size = source.stat().st_size
         self.spans: list[tuple[int, h5py.Dataset, int]] = []
         #: Each copied dataset's hash as stored (see ``hash_objects``), by path, once copied.
@@ -135,7 +136,7 @@ class RawCopies:
                 os.close(fd)
             # Hashed as the output holds them (read back through the page cache), so the
             # manifest records what was written, as it does for every other object.
-            fd = os.open(self.out.filename, os.O_RDONLY)
+            fd = os.open(self.out_path, os.O_RDONLY)
             try:
                 for job in jobs:
                     if self.stop.is_set():
