@@ -107,10 +107,14 @@ def _init_worker(threads: int) -> None:
 
 
 def _worker_sigterm(signum: int, frame: object) -> None:
+    first = not interrupts.received
     interrupts.received.append(signum)
-    if _BUSY:
+    if not _BUSY:
+        os._exit(128 + signum)
+    if first:
         raise Terminated  # the command removes its temporary output on the way out
-    os._exit(128 + signum)
+    # A second SIGTERM (the pool stops every worker when one exits) while the first one's
+    # exception unwinds is only remembered: raised there, it would cut the clean-up short.
 
 
 def _pool_job(job: Job) -> Outcome:

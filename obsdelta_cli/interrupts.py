@@ -40,8 +40,11 @@ _deferring = [0]
 
 
 def _on_signal(signum: int, frame: object) -> None:
+    first = not received
     received.append(signum)
-    if not _deferring[0]:
+    # A second signal while the first one's exception unwinds is only remembered: raised
+    # there, it would cut short the clean-up that removes the temporary output.
+    if first and not _deferring[0]:
         raise _error(signum)
 
 

@@ -176,3 +176,23 @@ def test_interrupt_before_any_output_leaves_no_folder(inputs: list[Path], tmp_pa
     code, _, err = _finish(proc)
     assert code == 130 and "Traceback" not in err, err
     assert not out.exists()
+
+
+def test_a_second_signal_does_not_cut_the_clean_up_short(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first signal raises; one arriving while its exception unwinds (Ctrl-C pressed
+    twice, or the pool stopping every worker when one exits) is only remembered, so the
+    clean-up that removes the temporary output runs to the end."""
+    from obsdelta_cli import batch, interrupts
+
+    monkeypatch.setattr(interrupts, "received", [])
+    with pytest.raises(KeyboardInterrupt):
+        interrupts._on_signal(signal.SIGINT, None)
+    interrupts._on_signal(signal.SIGINT, None)  # during the clean-up: no exception
+    assert interrupts.received == [signal.SIGINT, signal.SIGINT]
+
+    monkeypatch.setattr(interrupts, "received", [])
+    monkeypatch.setattr(batch, "_BUSY", True)
+    with pytest.raises(interrupts.Terminated):
+        batch._worker_sigterm(signal.SIGTERM, None)
+    batch._worker_sigterm(signal.SIGTERM, None)
+    assert interrupts.received == [signal.SIGTERM, signal.SIGTERM]
