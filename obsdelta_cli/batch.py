@@ -21,7 +21,6 @@ from typing import Any
 
 from . import interrupts
 from .errors import ObsdeltaError, UsageError
-from .interrupts import Terminated
 from .report import DatasetResult
 
 #: The module with the command implementations, imported on first use (it imports torch): the
@@ -107,14 +106,11 @@ def _init_worker(threads: int) -> None:
 
 
 def _worker_sigterm(signum: int, frame: object) -> None:
-    first = not interrupts.received
-    interrupts.received.append(signum)
     if not _BUSY:
         os._exit(128 + signum)
-    if first:
-        raise Terminated  # the command removes its temporary output on the way out
-    # A second SIGTERM (the pool stops every worker when one exits) while the first one's
-    # exception unwinds is only remembered: raised there, it would cut the clean-up short.
+    # As in the main process: Terminated, so the command removes its temporary output on the
+    # way out; a second SIGTERM (the pool stops every worker when one exits) only remembered.
+    interrupts.on_signal(signum, frame)
 
 
 def _pool_job(job: Job) -> Outcome:

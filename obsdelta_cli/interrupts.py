@@ -39,7 +39,8 @@ def _error(signum: int) -> KeyboardInterrupt:
 _deferring = [0]
 
 
-def _on_signal(signum: int, frame: object) -> None:
+def on_signal(signum: int, frame: object) -> None:
+    """The handler :func:`install` sets: the first signal raises (unless deferred)."""
     first = not received
     received.append(signum)
     # A second signal while the first one's exception unwinds is only remembered: raised
@@ -71,8 +72,8 @@ def install() -> None:
     """Ctrl-C raises KeyboardInterrupt and SIGTERM raises Terminated, both remembered for
     :func:`check`. A SIGINT ignored at start (``nohup``, a background job) stays ignored."""
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        signal.signal(signal.SIGINT, _on_signal)
-    signal.signal(signal.SIGTERM, _on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
 
 
 def finished() -> None:
@@ -80,7 +81,7 @@ def finished() -> None:
     shuts down is ignored rather than printing a traceback from some library's clean-up, or
     killing the process after it has succeeded."""
     for signum in (signal.SIGINT, signal.SIGTERM):
-        if signal.getsignal(signum) is _on_signal:
+        if signal.getsignal(signum) is on_signal:
             signal.signal(signum, signal.SIG_IGN)
 
 

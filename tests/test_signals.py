@@ -186,8 +186,8 @@ def test_a_second_signal_does_not_cut_the_clean_up_short(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(interrupts, "received", [])
     with pytest.raises(KeyboardInterrupt):
-        interrupts._on_signal(signal.SIGINT, None)
-    interrupts._on_signal(signal.SIGINT, None)  # during the clean-up: no exception
+        interrupts.on_signal(signal.SIGINT, None)
+    interrupts.on_signal(signal.SIGINT, None)  # during the clean-up: no exception
     assert interrupts.received == [signal.SIGINT, signal.SIGINT]
 
     monkeypatch.setattr(interrupts, "received", [])

@@ -42,6 +42,7 @@ from .hdf5_leaves import (
     OWN,
     H5Arrays,
     H5Leaf,
+    copy_attrs,
     leaves_of,
     numpy_dtype,
     torch_dtype,
@@ -78,12 +79,6 @@ def open_h5(path: Path) -> h5py.File:
         f.close()
         raise
     return f
-
-
-def copy_attrs(src: Any, dst: Any) -> None:
-    """Copy attributes with their exact stored types."""
-    for name in src.attrs:
-        dst.attrs.create(name, src.attrs[name], dtype=src.attrs.get_id(name).dtype)
 
 
 def dcpl_like(src: h5py.h5p.PropDCID, same_dtype: bool) -> h5py.h5p.PropDCID:

@@ -18,7 +18,7 @@ from typing import Any
 
 import h5py
 
-from .hdf5_leaves import contiguous_span
+from .hdf5_leaves import contiguous_span, copy_attrs
 from .hdf5_objects import hash_span, header_hash
 
 #: Datasets smaller than this are copied by HDF5: a thread would not pay.
@@ -96,8 +96,7 @@ class RawCopies:
                 dcpl=dsid.get_create_plist(),
             )
         )
-        for attr in ds.attrs:
-            new.attrs.create(attr, ds.attrs[attr], dtype=ds.attrs.get_id(attr).dtype)
+        copy_attrs(ds, new)
         # Writing one value allocates the whole contiguous storage (the creation properties,
         # allocation time included, stay the source's); the raw copy overwrites it.
         first = (0,) * ds.ndim
@@ -122,8 +121,9 @@ class RawCopies:
             # What the dataset is, hashed here (h5py); its bytes, in the thread once copied.
             head = header_hash(new)
             jobs.append(Job(new.name.lstrip("/"), head, src_offset, int(dst_offset), nbytes))
-        self.thread = threading.Thread(target=self._run, args=(jobs,), daemon=True)
-        self.thread.name = "obsdelta-copy"
+        self.thread = threading.Thread(
+            target=self._run, args=(jobs,), name="obsdelta-copy", daemon=True
+        )
         self.thread.start()
 
     def _run(self, jobs: list[Job]) -> None:

@@ -54,6 +54,12 @@ def read_rows(ds: h5py.Dataset, rows: Any, file: Path, what: str) -> np.ndarray:
         ) from None
 
 
+def copy_attrs(src: Any, dst: Any) -> None:
+    """Copy attributes with their exact stored types."""
+    for name in src.attrs:
+        dst.attrs.create(name, src.attrs[name], dtype=src.attrs.get_id(name).dtype)
+
+
 def contiguous_span(ds: h5py.Dataset, file_size: int) -> tuple[int, int] | None:
     """``(offset, nbytes)`` of a contiguous dataset's allocated storage, where it lies whole
     inside a file of ``file_size`` bytes; ``None`` for other layouts or unallocated storage."""
@@ -73,7 +79,6 @@ class H5Leaf(LazyLeaf):
     def __init__(self, ds: h5py.Dataset, file: Path) -> None:
         self.ds = ds
         self.file = file
-        #: The descriptor of an output file whose written pages are sent to disk as they come.
         self.shape = tuple(ds.shape)
         self.bf16 = ds.attrs.get(BF16_ATTR) == "bfloat16"
         dtype = torch.bfloat16 if self.bf16 else torch_dtype(ds.dtype)

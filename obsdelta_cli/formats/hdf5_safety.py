@@ -11,6 +11,14 @@ import h5py
 
 from ..errors import InputError
 
+#: What to do about a packed file found damaged.
+PACK_DAMAGED = "the packed file is damaged; restore it from a copy"
+
+
+def damaged_pack(file: Path, what: str) -> InputError:
+    """The error of a packed file whose structure or records are not as written."""
+    return InputError(what, file=file, hint=PACK_DAMAGED)
+
 
 def damaged_file(path: Path, exc: BaseException) -> InputError:
     return InputError(
@@ -169,8 +177,7 @@ def _check_datasets(f: h5py.File, path: Path, virtual: Allowed | None) -> None:
         raise InputError(problems[0] + more, file=path, hint=_OUTSIDE_HINT)
     if damaged:
         more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
-        hint = "the packed file is damaged; restore it from a copy"
-        raise InputError(damaged[0] + more, file=path, hint=hint)
+        raise damaged_pack(path, damaged[0] + more)
 
 
 def _unstored_sources(f: h5py.File, obj: str, maps: list[VirtualMap]) -> list[str]:

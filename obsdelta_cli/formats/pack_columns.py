@@ -26,10 +26,9 @@ import h5py
 import numpy as np
 import xxhash
 
-from ..errors import InputError
 from ..filters import MIN_PACK_BYTES, sample_rows
 from .hdf5_leaves import OWN
-from .hdf5_safety import VirtualMap
+from .hdf5_safety import VirtualMap, damaged_pack
 
 #: The columns a deduplicated dataset keeps of its own, at ``<COLUMNS>/<path>``.
 COLUMNS = f"{OWN}/pack/columns"
@@ -192,10 +191,6 @@ def write_virtual(group: h5py.Group, name: str, like: h5py.Dataset, shared: Shar
 # Reading
 
 
-def _damaged(file: Path, what: str) -> InputError:
-    return InputError(what, file=file, hint="the packed file is damaged; restore it from a copy")
-
-
 def parse_blocks(value: Any, file: Path, path: str) -> list[Block]:
     """A dataset's recorded blocks, their shape checked."""
     ok = isinstance(value, list) and bool(value)
@@ -209,7 +204,8 @@ def parse_blocks(value: Any, file: Path, path: str) -> list[Block]:
             and "%" not in block[2]  # HDF5 reads "%b" in a source name as a pattern
         )
     if not ok:
-        raise _damaged(file, f"obsdelta metadata field pack.datasets.{path}.columns is malformed")
+        what = f"obsdelta metadata field pack.datasets.{path}.columns is malformed"
+        raise damaged_pack(file, what)
     return value
 
 

@@ -48,6 +48,7 @@ from .hdf5 import (
 )
 from .hdf5_leaves import BF16_ATTR, META_ATTR, OWN, numpy_dtype, torch_dtype
 from .hdf5_meta import MANIFEST, write_meta
+from .hdf5_safety import damaged_pack
 from .leaf import FileLeaf, LazyLeaf
 from .pack_columns import Shared, kept_path, plan_columns, write_virtual
 from .packed import (
@@ -169,11 +170,8 @@ def inner_manifest(manifest: Manifest, file: Path) -> Manifest:
     inner = replace(manifest, container=manifest.source_container, source_container=None)
     inner = replace(inner, extra=extra)
     if inner.to_json()["manifest_hash"] != info["inner_hash"]:
-        raise InputError(
-            "obsdelta metadata field pack.inner_hash does not match the manifest",
-            file=file,
-            hint="the packed file is damaged; restore it from a copy",
-        )
+        what = "obsdelta metadata field pack.inner_hash does not match the manifest"
+        raise damaged_pack(file, what)
     return inner
 
 
@@ -350,11 +348,8 @@ def _pack_folder(inner: Source, out: h5py.File, chooser: Chooser) -> dict[str, A
             rel = Path(leaf.path).relative_to(root).as_posix()
             leaf_files[rel] = key
             entries.append({"key": list(key), "kind": "data", "file": rel})
-        elif isinstance(leaf, torch.Tensor):
-            shape, dtype = list(leaf.shape), str(leaf.dtype).removeprefix("torch.")
-            entries.append({"key": list(key), "kind": "empty", "shape": shape, "dtype": dtype})
         else:
-            entries.append({"key": list(key), "kind": "entry"})
+            entries.append(other_entry(key, leaf))
     files: list[str] = []
     dirs: list[str] = []
     datasets: dict[str, Any] = {}
@@ -366,11 +361,20 @@ def _pack_folder(inner: Source, out: h5py.File, chooser: Chooser) -> dict[str, A
             dirs.append(rel)
         elif rel in leaf_files:
             key = leaf_files[rel]
-            datasets[key_str(key)] = _pack_leaf(inner.leaves[key], key, out, chooser)
+            datasets[key_str(key)] = pack_leaf(inner.leaves[key], key, out, chooser)
         elif rel != SIDECAR:  # the manifest: the packed one holds it
-            _write_bytes(out, f"{FILES}/f{len(files)}", item.read_bytes())
+            write_bytes(out, f"{FILES}/f{len(files)}", item.read_bytes())
             files.append(rel)
     return {"kind": "folder", "leaves": entries, "files": files, "dirs": dirs, "datasets": datasets}
+
+
+def other_entry(key: Key, leaf: Any) -> dict[str, Any]:
+    """The manifest entry of a leaf that is not packed as a dataset: an empty tensor (its shape
+    and dtype), or a non-tensor entry the inner container keeps itself."""
+    if isinstance(leaf, torch.Tensor):
+        shape, dtype = list(leaf.shape), str(leaf.dtype).removeprefix("torch.")
+        return {"key": list(key), "kind": "empty", "shape": shape, "dtype": dtype}
+    return {"key": list(key), "kind": "entry"}
 
 
 def dataset_key(key: Key, file: Path) -> None:
@@ -381,7 +385,9 @@ def dataset_key(key: Key, file: Path) -> None:
         )
 
 
-def _pack_leaf(leaf: LazyLeaf, key: Key, out: h5py.File, chooser: Chooser) -> dict[str, Any]:
+def pack_leaf(leaf: LazyLeaf, key: Key, out: h5py.File, chooser: Chooser) -> dict[str, Any]:
+    """Write ``leaf`` as the dataset at its key's path, filtered (as it is when too small);
+    return its entry for the manifest."""
     dtype = numpy_dtype(leaf.dtype)
     parent, name = key[:-1], key[-1]
     group = out.require_group(key_str(parent)) if parent else out
@@ -399,7 +405,7 @@ def _pack_leaf(leaf: LazyLeaf, key: Key, out: h5py.File, chooser: Chooser) -> di
     return entry
 
 
-def _write_bytes(out: h5py.File, path: str, data: bytes) -> None:
+def write_bytes(out: h5py.File, path: str, data: bytes) -> None:
     """An opaque byte dataset (non-tensor data to HDF5 readers), zstd-compressed when long."""
     array = np.frombuffer(data, dtype=np.uint8).view(h5py.opaque_dtype(np.dtype("V1")))
     if len(data) < MIN_PACK_BYTES:
@@ -418,11 +424,7 @@ def _safe_rel(rel: Any, file: Path) -> Path:
     """A relative path from the manifest, refused if it would leave the output folder."""
     parts = str(rel).split("/") if isinstance(rel, str) else []
     if not parts or any(p in ("", ".", "..") or "\0" in p for p in parts):
-        raise InputError(
-            f"the packed file names an unsafe path ({rel!r})",
-            file=file,
-            hint="the packed file is damaged; restore it from a copy",
-        )
+        raise damaged_pack(file, f"the packed file names an unsafe path ({rel!r})")
     return Path(*parts)
 
 
@@ -500,11 +502,7 @@ def _restore(
     """Recreate a repacked dataset with its original creation properties and values."""
     twin = packed.handle.get(f"{LAYOUT}/{path}")
     if not isinstance(twin, h5py.Dataset) or twin.shape != ds.shape or twin.dtype != ds.dtype:
-        raise InputError(
-            f"the original layout of {path} is missing",
-            file=packed.path,
-            hint="the packed file is damaged; restore it from a copy",
-        )
+        raise damaged_pack(packed.path, f"the original layout of {path} is missing")
     dcpl = dcpl_like(twin.id.get_create_plist(), True)
     if entry.get("alloc_time") in ALLOC_TIMES:
         dcpl.set_alloc_time(entry["alloc_time"])

@@ -27,9 +27,10 @@ import xxhash
 from ..errors import DataError, UsageError
 from .base import Key, MemoryArrays, Sink, Source, key_str
 from .hdf5_leaves import OWN, read_rows
+from .hdf5_safety import PACK_DAMAGED, damaged_pack
 from .leaf import LazyLeaf
-from .pack_io import BLOCK_BYTES, Chooser, _pack_leaf, _write_bytes, dataset_key
-from .packed import FILES, PACK, _damaged, file_bytes
+from .pack_io import BLOCK_BYTES, Chooser, dataset_key, other_entry, pack_leaf, write_bytes
+from .packed import FILES, PACK, file_bytes
 from .ted_pt import original_hashes, tensor_bytes
 from .zip_skeleton import Hole, Layout, find, write
 
@@ -67,15 +68,12 @@ def pack_pt(inner: Source, out: h5py.File, chooser: Chooser) -> dict[str, Any]:
         dataset_key(key, inner.path)
         if isinstance(leaf, torch.Tensor) and leaf.numel():
             entries.append({"key": list(key), "kind": "data"})
-            datasets[key_str(key)] = _pack_leaf(_Rows(leaf), key, out, chooser)
-        elif isinstance(leaf, torch.Tensor):
-            shape, dtype = list(leaf.shape), str(leaf.dtype).removeprefix("torch.")
-            entries.append({"key": list(key), "kind": "empty", "shape": shape, "dtype": dtype})
+            datasets[key_str(key)] = pack_leaf(_Rows(leaf), key, out, chooser)
         else:
-            entries.append({"key": list(key), "kind": "entry"})
+            entries.append(other_entry(key, leaf))
     for i, name in enumerate(names):
-        _write_bytes(out, f"{FILES}/f{i}", bytes(tensor_bytes(arrays[name])))
-    _write_bytes(out, SKELETON, skeleton)
+        write_bytes(out, f"{FILES}/f{i}", bytes(tensor_bytes(arrays[name])))
+    write_bytes(out, SKELETON, skeleton)
     return {
         "kind": KIND,
         "leaves": entries,
@@ -90,7 +88,7 @@ def _skeleton(f: h5py.File, file: Path, info: dict[str, Any]) -> bytes:
     """The compressed ``.pt``'s skeleton, checked against its recorded hash."""
     ds = f.get(SKELETON)
     if not isinstance(ds, h5py.Dataset) or ds.ndim != 1:
-        raise _damaged(file, "the skeleton of the packed .pt file is missing")
+        raise damaged_pack(file, "the skeleton of the packed .pt file is missing")
     skeleton = read_rows(ds, slice(None), file, "the .pt skeleton").tobytes()
     recorded, found = info.get("skeleton"), xxhash.xxh3_64_hexdigest(skeleton)
     if found != recorded:
@@ -98,7 +96,7 @@ def _skeleton(f: h5py.File, file: Path, info: dict[str, Any]) -> bytes:
             f"checksum mismatch in the .pt skeleton (recorded {recorded}, found {found})",
             file=file,
             key=SKELETON,
-            hint="the packed file is damaged; restore it from a copy",
+            hint=PACK_DAMAGED,
         )
     return skeleton
 
@@ -129,7 +127,7 @@ def unpack_pt(packed: Source, info: dict[str, Any], out: Path) -> None:
             return
         leaf = packed.leaves.get(ref)
         if not isinstance(leaf, LazyLeaf) or not leaf.shape:
-            raise _damaged(packed.path, f"tensor {key_str(ref)} of the .pt file is missing")
+            raise damaged_pack(packed.path, f"tensor {key_str(ref)} of the .pt file is missing")
         step = max(1, BLOCK_BYTES // max(1, math.prod(leaf.shape[1:]) * leaf.dtype.itemsize))
         for start in range(0, leaf.shape[0], step):
             yield tensor_bytes(leaf.read(start, min(leaf.shape[0], start + step)))

@@ -45,7 +45,7 @@ from .hdf5 import is_hdf5
 from .hdf5_leaves import BF16_ATTR, OWN, H5Arrays, H5Leaf, leaves_of, read_rows, torch_dtype
 from .hdf5_meta import read_meta
 from .hdf5_objects import attrs_hash, hash_objects
-from .hdf5_safety import Allowed, VirtualMap, check_contained, damaged_file
+from .hdf5_safety import Allowed, VirtualMap, check_contained, damaged_file, damaged_pack
 from .leaf import LazyLeaf
 from .pack_columns import COLUMNS, Block, expected_maps, parse_blocks
 
@@ -63,23 +63,19 @@ DEFAULT_CACHE_BYTES = 256 << 20
 COMMAND_CACHE_BYTES = 16 << 20
 
 
-def _damaged(file: Path, what: str) -> InputError:
-    return InputError(what, file=file, hint="the packed file is damaged; restore it from a copy")
-
-
 def pack_info(meta: dict[str, Any], file: Path) -> dict[str, Any]:
     """The manifest's ``pack`` entry, its shape checked."""
     info = meta.get("pack")
     kinds = {"kind": str, "datasets": dict, "inner_hash": str}
     if not isinstance(info, dict) or any(not isinstance(info.get(k), t) for k, t in kinds.items()):
-        raise _damaged(file, "obsdelta metadata field pack is missing or malformed")
+        raise damaged_pack(file, "obsdelta metadata field pack is missing or malformed")
     if info["kind"] in ("folder", "pt"):
         names = ("files", "dirs", "leaves") if info["kind"] == "folder" else ("leaves", "arrays")
         for name in names:
             if not isinstance(info.get(name), list):
-                raise _damaged(file, f"obsdelta metadata field pack.{name} is malformed")
+                raise damaged_pack(file, f"obsdelta metadata field pack.{name} is malformed")
     elif info["kind"] != "hdf5":
-        raise _damaged(file, f"obsdelta metadata field pack.kind is unknown ({info['kind']!r})")
+        raise damaged_pack(file, f"obsdelta metadata field pack.kind is unknown ({info['kind']!r})")
     return info
 
 
@@ -153,7 +149,7 @@ def packed_leaf(ds: h5py.Dataset, file: Path, cache_bytes: int) -> LazyLeaf:
     if transform is None:
         return H5Leaf(ds, file)
     if transform != FRAME_DELTA or ds.dtype != np.uint8:
-        raise _damaged(file, f"{ds.name} holds values transformed in an unknown way")
+        raise damaged_pack(file, f"{ds.name} holds values transformed in an unknown way")
     return PackedLeaf(ds, file, cache_bytes)
 
 
@@ -167,7 +163,7 @@ class ColumnsLeaf(LazyLeaf):
         bf16 = ds.attrs.get(BF16_ATTR) == "bfloat16"
         dtype = torch.bfloat16 if bf16 else torch_dtype(ds.dtype)
         if not ds.is_virtual or len(self.shape) != 2 or dtype is None:
-            raise _damaged(file, f"{ds.name} is not the virtual dataset the metadata records")
+            raise damaged_pack(file, f"{ds.name} is not the virtual dataset the metadata records")
         self.dtype = dtype
         self.np_dtype = ds.dtype
         f = ds.file
@@ -184,13 +180,13 @@ class ColumnsLeaf(LazyLeaf):
                 or at + stop - start > src.shape[1]
                 or TRANSFORM_ATTR in src.attrs
             ):
-                raise _damaged(file, f"the source {source} of {ds.name} is missing or unfit")
+                raise damaged_pack(file, f"the source {source} of {ds.name} is missing or unfit")
             if start != covered or stop <= start:
-                raise _damaged(file, f"the columns of {ds.name} are not recorded in order")
+                raise damaged_pack(file, f"the columns of {ds.name} are not recorded in order")
             covered = stop
             self.sources[source] = src
         if covered != self.shape[1]:
-            raise _damaged(file, f"the columns of {ds.name} are not all recorded")
+            raise damaged_pack(file, f"the columns of {ds.name} are not all recorded")
         self.blocks = blocks
         # Reads aligned to the chunks of the source giving most columns touch each once.
         main = max(blocks, key=lambda b: b[1] - b[0])[2]
@@ -229,7 +225,7 @@ def repacked_leaf(f: h5py.File, file: Path, path: str, entry: Any, cache_bytes: 
     entry records where its columns are stored once, else as stored."""
     ds = f.get(path)
     if not isinstance(ds, h5py.Dataset):
-        raise _damaged(file, f"the repacked dataset {path} is missing")
+        raise damaged_pack(file, f"the repacked dataset {path} is missing")
     columns = entry.get("columns") if isinstance(entry, dict) else None
     if columns is None:  # a virtual dataset the metadata does not record was refused on open
         return packed_leaf(ds, file, cache_bytes)
@@ -273,7 +269,7 @@ class PackedFiles(ArrayStore):
         ds = self._dataset(name)
         expected = math.prod(shape) * dtype.itemsize
         if ds is None or ds.shape != (expected,):
-            raise _damaged(self.file, f"array {name} is missing or not {expected} bytes long")
+            raise damaged_pack(self.file, f"array {name} is missing or not {expected} bytes long")
         raw = read_rows(ds, slice(None), self.file, f"array {name}").view(np.uint8)
         return torch.from_numpy(raw.copy()).view(dtype).reshape(shape)
 
@@ -290,7 +286,7 @@ def file_bytes(f: h5py.File, index: int, file: Path) -> bytes:
     """The bytes of packed file number ``index`` of a folder inner."""
     ds = f.get(f"{FILES}/f{index}")
     if not isinstance(ds, h5py.Dataset) or ds.ndim != 1:
-        raise _damaged(file, f"packed file f{index} is missing")
+        raise damaged_pack(file, f"packed file f{index} is missing")
     return read_rows(ds, slice(None), file, f"packed file f{index}").tobytes()
 
 
@@ -316,14 +312,14 @@ class Packed(Format):
         try:
             meta = read_meta(f, path)
             if meta is None:
-                raise _damaged(path, "the packed file has no obsdelta metadata")
+                raise damaged_pack(path, "the packed file has no obsdelta metadata")
             info = pack_info(meta, path)
             # Before anything is read: the file points nowhere outside itself, and its virtual
             # datasets map exactly what the manifest records.
             check_contained(f, path, virtual_record(info, path))
             batch_dims, valid = meta.get("batch_dims"), meta.get("valid_rows")
             if not isinstance(batch_dims, int) or not (valid is None or isinstance(valid, int)):
-                raise _damaged(path, "obsdelta metadata field batch_dims is malformed")
+                raise damaged_pack(path, "obsdelta metadata field batch_dims is malformed")
             if info["kind"] == "hdf5":
                 leaves = self._hdf5_leaves(f, path, info)
                 arrays: ArrayStore = H5Arrays(f, path)
@@ -332,7 +328,7 @@ class Packed(Format):
                 arrays = PackedFiles(f, path, _array_files(info))
         except (RuntimeError, OSError, KeyError, ValueError, TypeError) as exc:
             f.close()
-            raise _damaged(path, f"cannot read the file's structure ({exc})") from None
+            raise damaged_pack(path, f"cannot read the file's structure ({exc})") from None
         except BaseException:
             f.close()
             raise
@@ -361,12 +357,12 @@ class Packed(Format):
             if kind == "data":
                 ds = f.get(key_str(key))
                 if not isinstance(ds, h5py.Dataset) or torch_dtype(ds.dtype) is None:
-                    raise _damaged(path, f"leaf {key_str(key)} is missing")
+                    raise damaged_pack(path, f"leaf {key_str(key)} is missing")
                 leaves[key] = self._leaf(ds, path)
             elif kind == "empty":
                 dtype = getattr(torch, str(entry["dtype"]), None)
                 if not isinstance(dtype, torch.dtype):
-                    raise _damaged(path, f"leaf {key_str(key)} has an unknown dtype")
+                    raise damaged_pack(path, f"leaf {key_str(key)} has an unknown dtype")
                 leaves[key] = torch.empty([int(d) for d in entry["shape"]], dtype=dtype)
             else:
                 leaves[key] = Entry(key)
@@ -392,7 +388,7 @@ class Packed(Format):
                 return _folder_hashes(f, file, info, skip)
             return _hdf5_hashes(f, file, info, meta or {}, skip)
         except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
-            raise _damaged(file, f"cannot read an object ({exc})") from None
+            raise damaged_pack(file, f"cannot read an object ({exc})") from None
 
     def create(self, path: Path, source: Source, plan: Plan) -> Sink:
         raise UsageError("a packed file is written by compress --pack", file=path)

@@ -211,7 +211,7 @@ class TedPt(TensorDictFormat):
         if sink.original is not None:
             for hole in sink.original[0].holes:
                 leaf = sink.leaves.get(hole.ref)
-                if not (isinstance(leaf, torch.Tensor) and _nbytes(leaf) == hole.size):
+                if not (isinstance(leaf, torch.Tensor) and leaf.nbytes == hole.size):
                     raise InputError(
                         f"the recorded layout of the .pt file has {hole.size} bytes for "
                         f"{key_str(hole.ref)}, which is not a tensor of that size",
@@ -250,7 +250,3 @@ class TedPt(TensorDictFormat):
         else:
             found = {}
         return {k: v for k, v in found.items() if not skip(k)}
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()

@@ -200,7 +200,7 @@ def find(path: Path, tensors: Mapping[Key, Any]) -> tuple[Layout, bytes] | None:
         if not t.is_contiguous() or t.device.type != "cpu":
             return None
         storage = t.untyped_storage()
-        spans[ref] = (storage.data_ptr(), int(t.storage_offset()) * t.element_size(), _nbytes(t))
+        spans[ref] = (storage.data_ptr(), int(t.storage_offset()) * t.element_size(), t.nbytes)
         storages[storage.data_ptr()] = storage.nbytes()
     records = _records(path)
     if records is None:
@@ -249,10 +249,6 @@ def find(path: Path, tensors: Mapping[Key, Any]) -> tuple[Layout, bytes] | None:
     if len(skeleton) != layout.skeleton_bytes:
         return None  # the file changed while it was read
     return layout, bytes(skeleton)
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
 
 
 Fill = Callable[[Hole], Iterable[Any]]
