@@ -4,7 +4,7 @@ bytes are copied by the kernel (``copy_file_range``, page cache to page cache).
 
 HDF5's own object copy (``H5Ocopy``) moves the values through a user-space buffer in small
 pieces. Every other object (chunked, compact, small, variable-length or reference-typed
-datasets, committed types) keeps HDF5's object copy.
+datasets, committed types, datasets with timestamps) keeps HDF5's object copy.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def _fill_on_allocation(dcpl: h5py.h5p.PropDCID) -> bool:
 
 
 def raw_copyable(ds: h5py.Dataset, file_size: int) -> bool:
-    """A large contiguous dataset of plain numbers, stored whole inside its file."""
+    """A large contiguous dataset of plain numbers, stored whole inside its file, without
+    timestamps."""
     span = contiguous_span(ds, file_size)
     if span is None or span[1] < RAW_COPY_MIN or ds.dtype.kind not in _PLAIN_KINDS:
         return False
@@ -49,6 +50,10 @@ def raw_copyable(ds: h5py.Dataset, file_size: int) -> bool:
         and dcpl.get_external_count() == 0
         and not ds.id.get_type().committed()
         and not _fill_on_allocation(dcpl)
+        # A new object would get the time of its creation; HDF5's object copy keeps the
+        # source's, so that the same input gives the same output, byte for byte. (The creation
+        # properties of an opened dataset do not say whether it stores times: its header does.)
+        and not h5py.h5o.get_info(ds.id).ctime
     )
 
 
@@ -87,14 +92,12 @@ class RawCopies:
         """Create ``name`` in ``group`` like ``ds`` (type, dataspace, creation properties,
         attributes); its values are copied by :meth:`start`."""
         dsid = ds.id
+        dcpl = dsid.get_create_plist()
+        # No times, as the source stores none (raw_copyable): an opened dataset's creation
+        # properties ask for them whatever its header holds.
+        dcpl.set_obj_track_times(False)
         new = h5py.Dataset(
-            h5py.h5d.create(
-                group.id,
-                name.encode(),
-                dsid.get_type(),
-                dsid.get_space(),
-                dcpl=dsid.get_create_plist(),
-            )
+            h5py.h5d.create(group.id, name.encode(), dsid.get_type(), dsid.get_space(), dcpl=dcpl)
         )
         copy_attrs(ds, new)
         # Writing one value allocates the whole contiguous storage (the creation properties,
