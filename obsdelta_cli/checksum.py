@@ -14,6 +14,7 @@ True
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 import torch
 import xxhash
@@ -28,10 +29,14 @@ def _raw(t: torch.Tensor) -> memoryview:
 class Hasher:
     """A running hash over the raw bytes of the tensors (or bytes) fed to it."""
 
-    def __init__(self, algorithm: str = HASH_ALGORITHM) -> None:
+    def __init__(self, algorithm: str = HASH_ALGORITHM, *, state: Any = None) -> None:
+        """``state``: an xxh3-64 state to go on from (already fed with a header, say)."""
         self.algorithm = algorithm
         self._crc = 0
-        self._xxh = xxhash.xxh3_64() if algorithm != "crc32" else None
+        if state is not None:
+            self._xxh = state
+        else:
+            self._xxh = xxhash.xxh3_64() if algorithm != "crc32" else None
 
     def update(self, data: torch.Tensor | bytes) -> None:
         if isinstance(data, torch.Tensor):

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from obsdelta_cli import compress, inflate, verify
-from obsdelta_cli.formats import hdf5_copy
-from obsdelta_cli.formats.hdf5_copy import RawCopies, raw_copyable
+from obsdelta_cli.errors import DataError
+from obsdelta_cli.formats import hdf5, hdf5_copy
+from obsdelta_cli.formats.hdf5_copy import RawCopies, SpanLeaf, raw_copyable
 from obsdelta_cli.formats.hdf5_objects import hash_objects
 
 from .conftest import SAMPLE
@@ -123,9 +124,9 @@ def test_a_raw_copy_is_the_object_hdf5_would_copy(
     added: list[str] = []
     original_add = RawCopies.add
 
-    def spy(self: RawCopies, ds: h5py.Dataset, group: h5py.Group, name: str) -> h5py.Dataset:
+    def spy(self: RawCopies, ds: h5py.Dataset, group: h5py.Group, name: str, **kw: Any) -> Any:
         added.append(ds.name)
-        return original_add(self, ds, group, name)
+        return original_add(self, ds, group, name, **kw)
 
     monkeypatch.setattr(RawCopies, "add", spy)
     out, back = tmp_path / "out.h5", tmp_path / "back.hdf5"
@@ -210,3 +211,76 @@ def test_the_same_input_gives_the_same_bytes(tmp_path: Path) -> None:
         outputs.append((tmp_path / name).read_bytes())
         time.sleep(1.1)  # HDF5 stores times in seconds
     assert outputs[0] == outputs[1]
+
+
+def _copied_bytes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    counts: list[int] = []
+    original = os.copy_file_range
+
+    def count(src: int, dst: int, n: int, *rest: Any) -> int:
+        done = original(src, dst, n, *rest)
+        counts.append(done)
+        return done
+
+    monkeypatch.setattr(hdf5_copy.os, "copy_file_range", count)
+    return counts
+
+
+def test_observations_are_written_by_the_pass_that_reads_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The encoding pass reads the observations whole: it writes their copy as it goes, and
+    the kernel copies only the other datasets. The output is the file the kernel copy makes."""
+    src = _d4rl_with_odd_objects(tmp_path / "in.hdf5")
+    with h5py.File(src, "r") as f:
+        obs_bytes = f["observations"].id.get_storage_size()
+    counts = _copied_bytes(monkeypatch)
+    compress(src, tmp_path / "streamed.h5", codec="exact")
+    streamed = sum(counts)
+    counts.clear()
+    monkeypatch.setattr(hdf5, "streamable", lambda ds: False)
+    compress(src, tmp_path / "copied.h5", codec="exact")
+    assert sum(counts) - streamed == obs_bytes
+    assert (tmp_path / "streamed.h5").read_bytes() == (tmp_path / "copied.h5").read_bytes()
+    verify(tmp_path / "streamed.h5")
+
+
+def test_only_native_numbers_are_streamed(tmp_path: Path) -> None:
+    path = tmp_path / "kinds.h5"
+    with h5py.File(path, "w") as f:
+        for name, dtype in [("f4", "<f4"), ("be", ">f4"), ("u1", "u1"), ("b", "?")]:
+            f.create_dataset(name, data=np.zeros(4, dtype))
+        assert [hdf5_copy.streamable(f[n]) for n in ("f4", "be", "u1", "b")] == [
+            True, False, True, False,
+        ]  # fmt: skip
+
+
+def test_a_failed_write_of_streamed_observations_is_one_error_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: Any
+) -> None:
+    src = _d4rl_with_odd_objects(tmp_path / "in.hdf5")
+    out = tmp_path / "out.h5"
+
+    def full(self: SpanLeaf, start: int, value: Any) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(SpanLeaf, "write", full)
+    expect_error(cli, "compress", src, "-o", out, says=["No space left on device"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.hdf5"]
+
+
+def test_streamed_observations_that_miss_rows_fail_verification(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hash recorded for streamed observations is of the rows the pass read; a write that
+    lost some is caught before the output is put in place."""
+    src = _d4rl_with_odd_objects(tmp_path / "in.hdf5")
+    original = SpanLeaf.write
+
+    def lossy(self: SpanLeaf, start: int, value: Any) -> None:
+        original(self, start, value[1:] if start == 0 else value)
+
+    monkeypatch.setattr(SpanLeaf, "write", lossy)
+    with pytest.raises(DataError):
+        compress(src, tmp_path / "out.h5", codec="exact")
+    assert not (tmp_path / "out.h5").exists()

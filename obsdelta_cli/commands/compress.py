@@ -261,18 +261,18 @@ def compress(
     )
 
 
-def _fused(
+def _streamed(
     source: Source,
     stream: Stream,
     encoded: list[tuple[Pair, Codec]],
     order: list[Key],
     new: dict[Key, LeafSpec],
-) -> dict[Key, Hasher]:
+) -> frozenset[Key]:
     """Observation leaves copied during the encoding pass, which reads them anyway, rather than
     read twice: those of exactly one encoded pair, kept unchanged, with every row valid (the
-    pass covers valid rows only). Each gets the hasher of its copy."""
+    pass covers valid rows only)."""
     uses = Counter(p.obs_key for p, _ in encoded)
-    fused: dict[Key, Hasher] = {}
+    streamed = set()
     for p, _ in encoded:
         leaf = source.leaves[p.obs_key]
         geometry = stream.geometry(leaf)
@@ -283,8 +283,8 @@ def _fused(
             and is_data(leaf)
             and geometry.valid == geometry.total
         ):
-            fused[p.obs_key] = Hasher(HASH_ALGORITHM)
-    return fused
+            streamed.add(p.obs_key)
+    return frozenset(streamed)
 
 
 def _writer(
@@ -308,11 +308,16 @@ def _writer(
         if stored is not None:
             new[p.delta_key] = LeafSpec(tuple(obs.shape), stored, replaces=p.next_key)
             order.append(p.delta_key)
-    plan = Plan(order, new, sorted(replaced), options)
+    streamed = _streamed(source, stream, encoded, order, new)
+    plan = Plan(order, new, sorted(replaced), options, streamed)
 
     def fill(sink: Sink) -> dict[str, Any]:
         checksums: dict[str, str] = {}
-        fused = {} if sink.copied else _fused(source, stream, encoded, order, new)
+        # The leaves this pass writes, each with the hasher of its copy: the container's own
+        # (whose hash it records with its objects) where it copies the others itself.
+        fused: dict[Key, Hasher] = (
+            dict(sink.streamed) if sink.copied else {k: Hasher(HASH_ALGORITHM) for k in streamed}
+        )
         if not sink.copied:
             for k in order:
                 if k not in new and k not in fused:
@@ -341,7 +346,7 @@ def _writer(
                     stats, hashes = encode_pair(
                         stream, source, p, c, bound, sink, pieces, HASH_ALGORITHM, later, copy
                     )
-                    if copy is not None:
+                    if copy is not None and not sink.copied:
                         checksums[key_str(p.obs_key)] = copy[1].hex
                     if not exceptions and stats.exception_rows:
                         _refuse(stats, c, source.path, p)

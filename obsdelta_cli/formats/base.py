@@ -151,6 +151,9 @@ class Plan:
     replaced: list[Key] = field(default_factory=list)
     #: Container-specific write options (e.g. ``{"h5_compression": "zstd"}``).
     options: dict[str, Any] = field(default_factory=dict)
+    #: Unchanged leaves the encoding pass reads whole, in order (observations): it writes them
+    #: as it reads them, rather than a copy reading them from the disk a second time.
+    streamed: frozenset[Key] = frozenset()
 
 
 @dataclass
@@ -159,8 +162,12 @@ class Sink:
 
     leaves: dict[Key, Any]
     arrays: ArrayStore
-    #: The adapter has already copied every leaf that is not new (e.g. with h5py's copy).
+    #: The adapter has already copied every leaf that is not new (e.g. with h5py's copy),
+    #: except those in ``streamed``.
     copied: bool = False
+    #: With ``copied``: the plan's streamed leaves the adapter left to the encoding pass, each
+    #: writable in ``leaves`` and with the hasher that must see its values in order.
+    streamed: dict[Key, Any] = field(default_factory=dict)
     #: The adapter's own state (the output TensorDict, an open file), for ``finish``.
     handle: Any = None
     #: JSON the adapter keeps in the manifest (covered by its hash), e.g. HDF5 layouts.

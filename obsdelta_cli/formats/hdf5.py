@@ -28,13 +28,14 @@ import h5py
 import numpy as np
 import torch
 
+from ..checksum import Hasher
 from ..errors import (
     InputError,
     UsageError,
     write_error,
 )
 from .base import Format, Key, LeafSpec, Plan, Sink, Source, key_str
-from .hdf5_copy import RawCopies, raw_copyable
+from .hdf5_copy import RawCopies, raw_copyable, streamable
 from .hdf5_leaves import (
     BF16_ATTR,
     MAGIC,
@@ -229,8 +230,13 @@ class HDF5Format(Format):
         dropped = {key_str(k) for k in source.leaves if k not in set(plan.order)}
         fd = _OUTPUT_FDS[id(out)]
         copies = _COPIES[id(out)] = RawCopies(source.path, out, fd)
-        _copy_tree(src, out, dropped, copies)
-        copies.start()
+        streamed = {
+            key_str(k): source.leaves[k].dtype
+            for k in plan.streamed
+            if isinstance(source.leaves[k], H5Leaf) and streamable(source.leaves[k].ds)
+        }
+        _copy_tree(src, out, dropped, copies, streamed)
+        passed = copies.start()
         compression = plan.options.get("h5_compression")
         kwargs = compression_kwargs(compression) if compression else None
         layouts = dict((source.meta or {}).get("hdf5_layouts") or {})
@@ -247,7 +253,12 @@ class HDF5Format(Format):
         arrays_kwargs = kwargs if kwargs is not None else _arrays_kwargs(src, plan)
         arrays = H5Arrays(out, path, arrays_kwargs)
         extra = {"hdf5_layouts": new_layouts}
-        return Sink(leaves, arrays, copied=True, handle=out, extra=extra)
+        hashers: dict[Key, Hasher] = {}
+        for key in plan.streamed:
+            if key_str(key) in passed:
+                leaves[key], state = passed[key_str(key)]
+                hashers[key] = Hasher(state=state)
+        return Sink(leaves, arrays, copied=True, handle=out, extra=extra, streamed=hashers)
 
     def _new_dataset(
         self,
@@ -421,9 +432,16 @@ def _keep_layout(out: h5py.File, original: h5py.Dataset) -> None:
 ALLOC_TIMES = (h5py.h5d.ALLOC_TIME_EARLY, h5py.h5d.ALLOC_TIME_LATE, h5py.h5d.ALLOC_TIME_INCR)
 
 
-def _copy_tree(src: h5py.Group, dst: h5py.Group, dropped: set[str], copies: RawCopies) -> None:
+def _copy_tree(
+    src: h5py.Group,
+    dst: h5py.Group,
+    dropped: set[str],
+    copies: RawCopies,
+    streamed: dict[str, torch.dtype],
+) -> None:
     """Copy ``src`` into ``dst`` except the datasets in ``dropped`` and obsdelta's own group;
-    large contiguous datasets through ``copies``, everything else with HDF5's object copy."""
+    large contiguous datasets through ``copies`` (those in ``streamed`` left to the encoding
+    pass), everything else with HDF5's object copy."""
     for name, obj in src.items():
         path = obj.name.lstrip("/")
         if path == OWN or path in dropped:
@@ -435,7 +453,7 @@ def _copy_tree(src: h5py.Group, dst: h5py.Group, dropped: set[str], copies: RawC
                 h5py.h5g.create(dst.id, name.encode(), gcpl=obj.id.get_create_plist())
             )
             copy_attrs(obj, group)
-            _copy_tree(obj, group, dropped, copies)
+            _copy_tree(obj, group, dropped, copies, streamed)
             if not len(group) and not len(group.attrs) and len(obj):
                 del dst[name]  # emptied by the rewrite, and nothing else to keep
         elif (
@@ -443,7 +461,7 @@ def _copy_tree(src: h5py.Group, dst: h5py.Group, dropped: set[str], copies: RawC
             and _linked_once(obj)
             and raw_copyable(obj, copies.source_size)
         ):
-            copies.add(obj, dst, name)
+            copies.add(obj, dst, name, streamed=streamed.get(path))
         else:
             src.copy(obj, dst, name=name)
 

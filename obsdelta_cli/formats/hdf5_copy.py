@@ -10,6 +10,7 @@ datasets, committed types, datasets with timestamps) keeps HDF5's object copy.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -17,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import h5py
+import torch
 
 from .hdf5_leaves import contiguous_span, copy_attrs
 from .hdf5_objects import hash_span, header_hash
+from .leaf import LazyLeaf, read_exact
 
 #: Datasets smaller than this are copied by HDF5: a thread would not pay.
 RAW_COPY_MIN = 1 << 20
@@ -57,6 +60,34 @@ def raw_copyable(ds: h5py.Dataset, file_size: int) -> bool:
     )
 
 
+def streamable(ds: h5py.Dataset) -> bool:
+    """Whether the values the pipeline reads from ``ds`` are its stored bytes: numbers in the
+    machine's byte order (booleans are read as 0 and 1, whatever bytes the file holds)."""
+    return ds.dtype.kind in "fiuc" and ds.dtype.isnative
+
+
+class SpanLeaf(LazyLeaf):
+    """A contiguous dataset of an output being written, read and written in place by rows
+    through the output's descriptor."""
+
+    def __init__(self, fd: int, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        self.fd, self.offset = fd, offset
+        self.shape, self.dtype = tuple(shape), dtype
+        self.row_bytes = math.prod(self.shape[1:]) * dtype.itemsize
+
+    def read(self, start: int, stop: int) -> torch.Tensor:
+        count = max(0, min(stop, self.shape[0]) - start)
+        at = self.offset + start * self.row_bytes
+        out = read_exact(self.fd, at, count * self.row_bytes, "output")
+        return out.view(self.dtype).view(count, *self.shape[1:])
+
+    def write(self, start: int, value: torch.Tensor) -> None:
+        raw = value.contiguous().reshape(-1).view(torch.uint8).numpy().data
+        at, done = self.offset + start * self.row_bytes, 0
+        while done < len(raw):
+            done += os.pwrite(self.fd, raw[done:], at + done)
+
+
 @dataclass
 class Job:
     """One dataset to copy: its path in the output, its hash so far, where its bytes are."""
@@ -75,22 +106,36 @@ class RawCopies:
     copies and then hashes all of them in a thread, while the next observations are encoded;
     :meth:`wait` must return before the output is read or closed, and :meth:`cancel` stops an
     abandoned copy before its file is closed.
+
+    A dataset added ``streamed`` is left to the encoding pass, which reads its source anyway:
+    :meth:`start` gives a leaf writing its storage in place and the hash its values go to.
     """
 
     def __init__(self, source: Path, out: h5py.File, out_fd: int) -> None:
         self.source, self.out, self.out_fd = source, out, out_fd
         self.out_path = out.filename  # read here: the thread makes no h5py call
         self.source_size = source.stat().st_size
-        self.spans: list[tuple[int, h5py.Dataset, int]] = []
+        self.spans: list[tuple[int, h5py.Dataset, int, torch.dtype | None]] = []
         #: Each copied dataset's hash as stored (see ``hash_objects``), by path, once copied.
         self.digests: dict[str, str] = {}
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.stop = threading.Event()
+        #: Hashes fed by the encoding pass, by path (:meth:`start`).
+        self.fed: dict[str, Any] = {}
 
-    def add(self, ds: h5py.Dataset, group: h5py.Group, name: str) -> h5py.Dataset:
+    def add(
+        self,
+        ds: h5py.Dataset,
+        group: h5py.Group,
+        name: str,
+        *,
+        streamed: torch.dtype | None = None,
+    ) -> h5py.Dataset:
         """Create ``name`` in ``group`` like ``ds`` (type, dataspace, creation properties,
-        attributes); its values are copied by :meth:`start`."""
+        attributes); its values are copied by :meth:`start`, or with ``streamed`` (the dtype
+        the pipeline reads it as; only for datasets :func:`streamable`) written by the
+        caller."""
         dsid = ds.id
         dcpl = dsid.get_create_plist()
         # No times, as the source stores none (raw_copyable): an opened dataset's creation
@@ -106,28 +151,40 @@ class RawCopies:
         new[first] = ds[first]
         span = contiguous_span(ds, self.source_size)
         assert span is not None  # raw_copyable said so
-        self.spans.append((span[0], new, span[1]))
+        self.spans.append((span[0], new, span[1], streamed))
         return new
 
-    def start(self) -> None:
+    def start(self) -> dict[str, tuple[LazyLeaf, Any]]:
         """Copy every added dataset's bytes in a background thread (the kernel copy releases
-        the interpreter lock: the next observations are encoded meanwhile)."""
+        the interpreter lock: the next observations are encoded meanwhile). Return, for each
+        ``streamed`` dataset by path, a leaf writing its storage in place and the xxh3 state,
+        fed with its header, that its values must be fed to in order."""
         spans, self.spans = self.spans, []
         if not spans:
-            return
+            return {}
         self.out.flush()  # nothing HDF5 buffered for these datasets may land after the copy
-        jobs = []
-        for src_offset, new, nbytes in spans:
+        jobs: list[Job] = []
+        streams: dict[str, tuple[LazyLeaf, Any]] = {}
+        for src_offset, new, nbytes, streamed in spans:
             dst_offset = new.id.get_offset()
             if dst_offset is None:  # pragma: no cover - allocated by add()
                 raise OSError(errno.EIO, f"{new.name}: storage was not allocated")
             # What the dataset is, hashed here (h5py); its bytes, in the thread once copied.
             head = header_hash(new)
-            jobs.append(Job(new.name.lstrip("/"), head, src_offset, int(dst_offset), nbytes))
+            path = new.name.lstrip("/")
+            if streamed is not None:
+                self.fed[path] = head
+                leaf = SpanLeaf(self.out_fd, int(dst_offset), new.shape, streamed)
+                streams[path] = (leaf, head)
+            else:
+                jobs.append(Job(path, head, src_offset, int(dst_offset), nbytes))
+        if not jobs:
+            return streams
         self.thread = threading.Thread(
             target=self._run, args=(jobs,), name="obsdelta-copy", daemon=True
         )
         self.thread.start()
+        return streams
 
     def _run(self, jobs: list[Job]) -> None:
         try:
@@ -159,6 +216,8 @@ class RawCopies:
         error, self.error = self.error, None
         if error is not None:
             raise error
+        for path, head in self.fed.items():
+            self.digests[path] = head.hexdigest()
 
     def cancel(self) -> None:
         """Stop copying (the output is abandoned) and wait for the thread to end."""

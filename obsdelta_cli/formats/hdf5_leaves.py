@@ -14,6 +14,7 @@ import torch
 
 from ..errors import InputError
 from .base import ArrayStore, Key
+from .direct import ColdReads
 from .leaf import FlatRows, LazyLeaf, read_exact
 
 MAGIC = b"\x89HDF\r\n\x1a\n"
@@ -90,6 +91,7 @@ class H5Leaf(LazyLeaf):
         self._mapped: torch.Tensor | bool | None = None
         self._offset: int | bool | None = None
         self._fd = -1
+        self._cold: ColdReads | None = None
 
     def storage_bytes(self) -> int:
         """Bytes the dataset takes in the file, after its filters."""
@@ -112,11 +114,12 @@ class H5Leaf(LazyLeaf):
             return None
         if self._fd < 0:
             self._fd = os.open(self.file, os.O_RDONLY)
+            self._cold = ColdReads(self._fd)
         row_bytes = math.prod(self.shape[1:]) * self.ds.dtype.itemsize
         count = max(0, min(stop, self.shape[0]) - start)
         try:
             out = read_exact(
-                self._fd, offset + start * row_bytes, count * row_bytes, str(self.file)
+                self._fd, offset + start * row_bytes, count * row_bytes, str(self.file), self._cold
             )
         except OSError:
             return None  # let HDF5 report it
@@ -134,6 +137,9 @@ class H5Leaf(LazyLeaf):
         return self._offset if self._offset is not False else None
 
     def __del__(self) -> None:
+        cold, self._cold = getattr(self, "_cold", None), None
+        if cold is not None:
+            cold.close()
         fd, self._fd = getattr(self, "_fd", -1), -1
         if fd >= 0:
             os.close(fd)

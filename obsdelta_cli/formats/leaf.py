@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .direct import ColdReads
+
 
 class LazyLeaf(ABC):
     """A dataset read and written by slices of its first dimension."""
@@ -107,10 +109,17 @@ def is_data(leaf: object) -> bool:
 _WINDOW = 1 << 26
 
 
-def read_exact(fd: int, offset: int, nbytes: int, name: str) -> torch.Tensor:
+def read_exact(
+    fd: int, offset: int, nbytes: int, name: str, cold: ColdReads | None = None
+) -> torch.Tensor:
     """``nbytes`` bytes of ``fd`` at ``offset`` into a new buffer, with ``preadv`` (which may
     return less than asked, and releases the interpreter lock); a short file is an ``OSError``
-    naming ``name``."""
+    naming ``name``. With ``cold`` (for ``fd``), data not in memory is read past the page
+    cache."""
+    if cold is not None:
+        direct = cold.read(offset, nbytes)
+        if direct is not None:
+            return direct
     out = torch.empty(nbytes, dtype=torch.uint8)
     view = out.numpy().data
     done = 0
@@ -145,10 +154,14 @@ class FileLeaf(LazyLeaf):
         self.row_bytes = math.prod(shape[1:]) * dtype.itemsize
         self._mapped: torch.Tensor | None = None
         self.fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
+        self._cold: ColdReads | None = None
 
     def read(self, start: int, stop: int) -> torch.Tensor:
         count = max(0, min(stop, self.shape[0]) - start)
-        out = read_exact(self.fd, start * self.row_bytes, count * self.row_bytes, self.path)
+        if self._cold is None:
+            self._cold = ColdReads(self.fd)
+        at, nbytes = start * self.row_bytes, count * self.row_bytes
+        out = read_exact(self.fd, at, nbytes, self.path, self._cold)
         return out.view(self.dtype).view(count, *self.shape[1:])
 
     def feed(self, update: Callable[[memoryview], None]) -> bool:
@@ -184,6 +197,9 @@ class FileLeaf(LazyLeaf):
             done += os.pwrite(self.fd, raw[done:], offset + done)
 
     def close(self) -> None:
+        cold, self._cold = getattr(self, "_cold", None), None
+        if cold is not None:
+            cold.close()
         if self.fd >= 0:
             fd, self.fd = self.fd, -1  # never close a number the system may have reused
             os.close(fd)

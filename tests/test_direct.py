@@ -1,0 +1,228 @@
+"""Reads past the page cache (``formats/direct.py``): the same bytes as a buffered read at any
+offset and length, made only where the pages are not cached, and buffered reads wherever the
+file system refuses ``O_DIRECT``; compressing from an input out of memory gives the same output
+as from one in memory."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+
+from obsdelta_cli import compress, verify
+from obsdelta_cli.formats import direct
+from obsdelta_cli.formats.direct import ALIGN, ColdReads
+from obsdelta_cli.formats.hdf5_leaves import H5Leaf
+from obsdelta_cli.formats.leaf import read_exact
+
+from .conftest import SAMPLE
+from .test_hdf5_copy import _d4rl_with_odd_objects
+
+SIZE = 3 * (1 << 20) + 1234  # not a whole number of pages
+
+
+def _direct_works(folder: Path) -> bool:
+    probe = folder / "probe"
+    probe.write_bytes(bytes(ALIGN))
+    try:
+        os.close(os.open(probe, os.O_RDONLY | os.O_DIRECT))
+    except OSError:
+        return False
+    finally:
+        probe.unlink()
+    return True
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    path = tmp_path / "data.bin"
+    path.write_bytes(np.random.default_rng(0).integers(0, 256, SIZE, dtype=np.uint8).tobytes())
+    if not _direct_works(tmp_path):
+        pytest.skip("the file system of the test folder refuses O_DIRECT (tmpfs)")
+    return path
+
+
+def _evict(path: Path) -> None:
+    """Drop the file's clean pages from the page cache."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize(
+    ("offset", "nbytes"),
+    [(0, 1 << 20), (1, 1 << 20), (4095, 300_001), (ALIGN, 2 * ALIGN), (SIZE - 5000, 5000)],
+)
+def test_direct_reads_give_the_bytes_a_buffered_read_gives(
+    data: Path, offset: int, nbytes: int
+) -> None:
+    fd = os.open(data, os.O_RDONLY)
+    reads = ColdReads(fd)
+    try:
+        got = reads.read_direct(offset, nbytes)
+        assert got is not None
+        assert (got.data_ptr() - offset % ALIGN) % ALIGN == 0  # read into an aligned buffer
+        assert got.numel() == nbytes
+        assert bytes(got.numpy()) == os.pread(fd, nbytes, offset)
+    finally:
+        reads.close()
+        os.close(fd)
+
+
+def test_a_read_past_the_end_is_left_to_the_buffered_read(data: Path) -> None:
+    fd = os.open(data, os.O_RDONLY)
+    reads = ColdReads(fd)
+    try:
+        assert reads.read_direct(SIZE - 100, 1 << 20) is None
+        with pytest.raises(OSError, match=r"data\.bin: unexpected end of file"):
+            read_exact(fd, SIZE - 100, 1 << 20, str(data), reads)
+    finally:
+        reads.close()
+        os.close(fd)
+
+
+def test_only_pages_not_in_memory_are_read_directly(
+    data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = _direct_reads(monkeypatch)
+    fd = os.open(data, os.O_RDONLY)
+    reads = ColdReads(fd)
+    try:
+        _evict(data)
+        assert not reads.cached(0, SIZE)
+        first = read_exact(fd, 0, 1 << 20, str(data), reads)
+        assert made == [1 << 20]
+        assert not reads.cached(0, 1 << 20)  # a direct read leaves nothing in the page cache
+        os.pread(fd, 1 << 20, 1 << 20)  # a buffered read caches its pages
+        assert reads.cached(1 << 20, 1 << 20)
+        second = read_exact(fd, 1 << 20, 1 << 20, str(data), reads)
+        assert made == [1 << 20]  # served from memory
+        small = read_exact(fd, 2 << 20, 4096, str(data), reads)
+        assert made == [1 << 20]  # too small to bypass the cache
+        whole = data.read_bytes()
+        assert bytes(first.numpy()) == whole[: 1 << 20]
+        assert bytes(second.numpy()) == whole[1 << 20 : 2 << 20]
+        assert bytes(small.numpy()) == whole[2 << 20 : (2 << 20) + 4096]
+    finally:
+        reads.close()
+        os.close(fd)
+
+
+def test_where_o_direct_is_refused_every_read_is_buffered(
+    data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fd = os.open(data, os.O_RDONLY)
+    original_open = os.open
+
+    def no_direct(path: Any, flags: int, *args: Any) -> int:
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return original_open(path, flags, *args)
+
+    monkeypatch.setattr(direct.os, "open", no_direct)
+    reads = ColdReads(fd)
+    try:
+        assert not reads.usable
+        _evict(data)
+        assert reads.read(0, 1 << 20) is None
+        assert bytes(read_exact(fd, 3, 1 << 20, str(data), reads).numpy()) == os.pread(
+            fd, 1 << 20, 3
+        )
+    finally:
+        reads.close()
+        os.close(fd)
+
+
+def test_a_refused_direct_read_turns_direct_reads_off(
+    data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Some file systems open with O_DIRECT and refuse the reads (EINVAL)."""
+    fd = os.open(data, os.O_RDONLY)
+    reads = ColdReads(fd)
+    original = os.preadv
+
+    def refuse(f: int, buffers: Any, offset: int, *rest: Any) -> int:
+        if f == reads.direct_fd:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return original(f, buffers, offset, *rest)
+
+    monkeypatch.setattr(direct.os, "preadv", refuse)
+    try:
+        _evict(data)
+        assert reads.read(0, 1 << 20) is None
+        assert reads.direct_fd == -1
+        got = read_exact(fd, 0, 1 << 20, str(data), reads)
+        assert bytes(got.numpy()) == data.read_bytes()[: 1 << 20]
+    finally:
+        reads.close()
+        os.close(fd)
+
+
+def test_a_memmap_input_out_of_memory_compresses_to_the_same_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not _direct_works(tmp_path):
+        pytest.skip("the file system of the test folder refuses O_DIRECT (tmpfs)")
+    monkeypatch.setattr(direct, "MIN_DIRECT", ALIGN)  # the sample's reads are small
+    src = tmp_path / "hopper_ted"
+    shutil.copytree(SAMPLE / "hopper_ted", src)
+    made = _direct_reads(monkeypatch)
+    compress(src, tmp_path / "warm", codec="exact")
+    assert not any(made)  # the copy just made is in memory
+    for path in _files(src):
+        _evict(path)
+    compress(src, tmp_path / "cold", codec="exact")
+    assert sum(made) > 0
+    verify(tmp_path / "cold")
+    assert _contents(tmp_path / "cold") == _contents(tmp_path / "warm")
+
+
+def test_hdf5_rows_out_of_memory_are_read_directly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not _direct_works(tmp_path):
+        pytest.skip("the file system of the test folder refuses O_DIRECT (tmpfs)")
+    monkeypatch.setattr(direct, "MIN_DIRECT", ALIGN)
+    src = _d4rl_with_odd_objects(tmp_path / "in.hdf5")  # contiguous datasets
+    made = _direct_reads(monkeypatch)
+    with h5py.File(src, "r") as f:
+        leaf = H5Leaf(f["observations"], src)
+        want = f["observations"][()]
+        _evict(src)  # after HDF5 read its metadata (and, reading ahead, the whole small file)
+        got = leaf.read(7, 4000)
+        assert sum(made) == got.numel() * 4
+        assert np.array_equal(got.numpy(), want[7:4000])
+        again = leaf.read(7, 4000)  # a direct read caches nothing: direct again
+        assert sum(made) == 2 * got.numel() * 4
+        assert np.array_equal(again.numpy(), want[7:4000])
+
+
+def _direct_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Bytes of each direct read made from now on (0 for one left to a buffered read)."""
+    made: list[int] = []
+    original = ColdReads.read_direct
+
+    def spy(self: ColdReads, offset: int, nbytes: int) -> Any:
+        got = original(self, offset, nbytes)
+        made.append(0 if got is None else nbytes)
+        return got
+
+    monkeypatch.setattr(ColdReads, "read_direct", spy)
+    return made
+
+
+def _contents(path: Path) -> list[tuple[Path, bytes]]:
+    return sorted((p.relative_to(path), p.read_bytes()) for p in _files(path))
+
+
+def _files(path: Path) -> list[Path]:
+    return [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
