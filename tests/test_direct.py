@@ -19,6 +19,7 @@ from obsdelta_cli import compress, verify
 from obsdelta_cli.formats import direct
 from obsdelta_cli.formats.direct import ALIGN, ColdReads
 from obsdelta_cli.formats.hdf5_leaves import H5Leaf
+from obsdelta_cli.formats.hdf5_objects import hash_objects
 from obsdelta_cli.formats.leaf import read_exact
 
 from .conftest import SAMPLE
@@ -226,3 +227,22 @@ def _contents(path: Path) -> list[tuple[Path, bytes]]:
 
 def _files(path: Path) -> list[Path]:
     return [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
+
+
+def test_hdf5_objects_out_of_memory_hash_as_they_do_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``inflate`` checks the objects it copies before copying them: an input usually not in
+    memory, read past the page cache."""
+    if not _direct_works(tmp_path):
+        pytest.skip("the file system of the test folder refuses O_DIRECT (tmpfs)")
+    monkeypatch.setattr(direct, "MIN_DIRECT", ALIGN)
+    src = _d4rl_with_odd_objects(tmp_path / "in.hdf5")
+    made = _direct_reads(monkeypatch)
+    with h5py.File(src, "r") as f:
+        warm = hash_objects(f, src, lambda name: False)
+        assert not any(made)
+        _evict(src)
+        cold = hash_objects(f, src, lambda name: False)
+    assert sum(made) > 0
+    assert cold == warm

@@ -13,6 +13,7 @@ import h5py
 import numpy as np
 import xxhash
 
+from .direct import ColdReads
 from .hdf5_leaves import META_ATTR, OWN
 
 
@@ -28,18 +29,20 @@ def hash_objects(
     known = known or {}
     out = {"@": attrs_hash(f, exclude=META_ATTR)}
     fd = os.open(file, os.O_RDONLY)
+    cold = ColdReads(fd)  # an input checked before it is copied is usually not in memory
     try:
 
         def visit(name: str, obj: Any) -> None:
             if name == OWN or name.startswith(f"{OWN}/") or skip(name):
                 return
             if isinstance(obj, h5py.Dataset):
-                out[name] = known.get(name) or _raw_hash(obj, fd)
+                out[name] = known.get(name) or _raw_hash(obj, fd, cold)
             if len(obj.attrs):  # an attribute added to an object without any is still caught
                 out[f"@{name}"] = attrs_hash(obj)
 
         f.visititems(visit)
     finally:
+        cold.close()
         os.close(fd)
     return out
 
@@ -56,7 +59,7 @@ def attrs_hash(obj: Any, exclude: str | None = None) -> str:
     return h.hexdigest()
 
 
-def _raw_hash(ds: h5py.Dataset, fd: int) -> str:
+def _raw_hash(ds: h5py.Dataset, fd: int, cold: ColdReads | None = None) -> str:
     """A dataset as stored: dtype, shape, creation properties, then its raw chunks in chunk
     order (each with its position and filter mask) or its contiguous bytes."""
     h = header_hash(ds)
@@ -79,7 +82,7 @@ def _raw_hash(ds: h5py.Dataset, fd: int) -> str:
     elif layout == h5py.h5d.CONTIGUOUS:
         offset = dsid.get_offset()
         if offset is not None:
-            hash_span(h, fd, offset, dsid.get_storage_size())
+            hash_span(h, fd, offset, dsid.get_storage_size(), cold)
     else:  # compact: the values live in the object header
         h.update(np.ascontiguousarray(ds[()]).tobytes())
     return h.hexdigest()
@@ -103,11 +106,14 @@ def header_hash(ds: h5py.Dataset) -> Any:
     return h
 
 
-def hash_span(h: Any, fd: int, offset: int, size: int) -> None:
-    """Feed ``size`` bytes of the file at ``offset`` to ``h``, 4 MiB at a time."""
+def hash_span(h: Any, fd: int, offset: int, size: int, cold: ColdReads | None = None) -> None:
+    """Feed ``size`` bytes of the file at ``offset`` to ``h``, 4 MiB at a time (with ``cold``,
+    those not in memory read past the page cache)."""
     done = 0
     while done < size:
-        piece = os.pread(fd, min(1 << 22, size - done), offset + done)
+        count = min(1 << 22, size - done)
+        direct = None if cold is None else cold.read(offset + done, count)
+        piece = os.pread(fd, count, offset + done) if direct is None else direct.numpy().data
         if not piece:
             raise ValueError(f"storage at {offset} runs past the end of the file")
         h.update(piece)
