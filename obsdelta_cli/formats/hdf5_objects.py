@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 import xxhash
 
-from .direct import ColdReads
+from .direct import PIECE, ColdReads
 from .hdf5_leaves import META_ATTR, OWN
 
 
@@ -112,7 +112,7 @@ def hash_span(h: Any, fd: int, offset: int, size: int, cold: ColdReads | None = 
     done = 0
     while done < size:
         count = min(1 << 22, size - done)
-        direct = None if cold is None else cold.read(offset + done, count)
+        direct = None if cold is None else cold.read(offset + done, min(count, PIECE))
         piece = os.pread(fd, count, offset + done) if direct is None else direct.numpy().data
         if not piece:
             raise ValueError(f"storage at {offset} runs past the end of the file")
