@@ -8,6 +8,8 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,31 @@ def _evict(path: Path) -> None:
         os.close(fd)
 
 
+@contextmanager
+def _opened(path: Path) -> Iterator[tuple[int, ColdReads]]:
+    """A read-only descriptor of ``path`` and its :class:`ColdReads`, both closed after."""
+    fd = os.open(path, os.O_RDONLY)
+    reads = ColdReads(fd)
+    try:
+        yield fd, reads
+    finally:
+        reads.close()
+        os.close(fd)
+
+
+def _refuse(monkeypatch: pytest.MonkeyPatch, name: str, when: Callable[..., bool]) -> None:
+    """``direct.os.<name>`` fails with EINVAL for the calls ``when`` picks, as a file system
+    refusing ``O_DIRECT`` does."""
+    original = getattr(os, name)
+
+    def refused(*args: Any) -> Any:
+        if when(*args):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return original(*args)
+
+    monkeypatch.setattr(direct.os, name, refused)
+
+
 @pytest.mark.parametrize(
     ("offset", "nbytes"),
     [(0, 1 << 20), (1, 1 << 20), (4095, 300_001), (ALIGN, 2 * ALIGN), (SIZE - 5000, 5000)],
@@ -66,38 +93,26 @@ def _evict(path: Path) -> None:
 def test_direct_reads_give_the_bytes_a_buffered_read_gives(
     data: Path, offset: int, nbytes: int
 ) -> None:
-    fd = os.open(data, os.O_RDONLY)
-    reads = ColdReads(fd)
-    try:
+    with _opened(data) as (fd, reads):
         got = reads.read_direct(offset, nbytes)
         assert got is not None
         assert (got.data_ptr() - offset % ALIGN) % ALIGN == 0  # read into an aligned buffer
         assert got.numel() == nbytes
         assert bytes(got.numpy()) == os.pread(fd, nbytes, offset)
-    finally:
-        reads.close()
-        os.close(fd)
 
 
 def test_a_read_past_the_end_is_left_to_the_buffered_read(data: Path) -> None:
-    fd = os.open(data, os.O_RDONLY)
-    reads = ColdReads(fd)
-    try:
+    with _opened(data) as (fd, reads):
         assert reads.read_direct(SIZE - 100, 1 << 20) is None
         with pytest.raises(OSError, match=r"data\.bin: unexpected end of file"):
             read_exact(fd, SIZE - 100, 1 << 20, str(data), reads)
-    finally:
-        reads.close()
-        os.close(fd)
 
 
 def test_only_pages_not_in_memory_are_read_directly(
     data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     made = _direct_reads(monkeypatch)
-    fd = os.open(data, os.O_RDONLY)
-    reads = ColdReads(fd)
-    try:
+    with _opened(data) as (fd, reads):
         _evict(data)
         assert not reads.cached(0, SIZE)
         first = read_exact(fd, 0, 1 << 20, str(data), reads)
@@ -113,59 +128,33 @@ def test_only_pages_not_in_memory_are_read_directly(
         assert bytes(first.numpy()) == whole[: 1 << 20]
         assert bytes(second.numpy()) == whole[1 << 20 : 2 << 20]
         assert bytes(small.numpy()) == whole[2 << 20 : (2 << 20) + 4096]
-    finally:
-        reads.close()
-        os.close(fd)
 
 
 def test_where_o_direct_is_refused_every_read_is_buffered(
     data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fd = os.open(data, os.O_RDONLY)
-    original_open = os.open
-
-    def no_direct(path: Any, flags: int, *args: Any) -> int:
-        if flags & os.O_DIRECT:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return original_open(path, flags, *args)
-
-    monkeypatch.setattr(direct.os, "open", no_direct)
-    reads = ColdReads(fd)
-    try:
+    _refuse(monkeypatch, "open", lambda path, flags, *rest: bool(flags & os.O_DIRECT))
+    with _opened(data) as (fd, reads):
         assert not reads.usable
         _evict(data)
         assert reads.read(0, 1 << 20) is None
         assert bytes(read_exact(fd, 3, 1 << 20, str(data), reads).numpy()) == os.pread(
             fd, 1 << 20, 3
         )
-    finally:
-        reads.close()
-        os.close(fd)
 
 
 def test_a_refused_direct_read_turns_direct_reads_off(
     data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Some file systems open with O_DIRECT and refuse the reads (EINVAL)."""
-    fd = os.open(data, os.O_RDONLY)
-    reads = ColdReads(fd)
-    original = os.preadv
-
-    def refuse(f: int, buffers: Any, offset: int, *rest: Any) -> int:
-        if f == reads.direct_fd:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return original(f, buffers, offset, *rest)
-
-    monkeypatch.setattr(direct.os, "preadv", refuse)
-    try:
+    with _opened(data) as (fd, reads):
+        direct_fd = reads.direct_fd
+        _refuse(monkeypatch, "preadv", lambda f, *rest: f == direct_fd)
         _evict(data)
         assert reads.read(0, 1 << 20) is None
-        assert reads.direct_fd == -1
+        assert reads.direct_fd == -1 and not reads.usable
         got = read_exact(fd, 0, 1 << 20, str(data), reads)
         assert bytes(got.numpy()) == data.read_bytes()[: 1 << 20]
-    finally:
-        reads.close()
-        os.close(fd)
 
 
 def test_a_memmap_input_out_of_memory_compresses_to_the_same_output(

@@ -85,7 +85,8 @@ class ColdReads:
 
     @property
     def usable(self) -> bool:
-        return self.base is not None
+        """Whether reads past the page cache can still be made (none once refused)."""
+        return self.base is not None and self.direct_fd >= 0
 
     def cached(self, offset: int, nbytes: int) -> bool:
         """Whether at least half the pages of ``nbytes`` at ``offset`` are in the page cache."""
@@ -106,7 +107,7 @@ class ColdReads:
     def read(self, offset: int, nbytes: int) -> torch.Tensor | None:
         """``nbytes`` at ``offset`` read with ``O_DIRECT`` if the read is large and its pages
         mostly not cached; ``None`` if it should be buffered."""
-        if self.base is None or nbytes < MIN_DIRECT or self.cached(offset, nbytes):
+        if not self.usable or nbytes < MIN_DIRECT or self.cached(offset, nbytes):
             return None
         return self.read_direct(offset, nbytes)
 

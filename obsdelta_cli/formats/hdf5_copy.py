@@ -22,7 +22,7 @@ import torch
 
 from .hdf5_leaves import contiguous_span, copy_attrs
 from .hdf5_objects import hash_span, header_hash
-from .leaf import LazyLeaf, read_exact
+from .leaf import LazyLeaf, read_exact, write_exact
 
 #: Datasets smaller than this are copied by HDF5: a thread would not pay.
 RAW_COPY_MIN = 1 << 20
@@ -82,10 +82,7 @@ class SpanLeaf(LazyLeaf):
         return out.view(self.dtype).view(count, *self.shape[1:])
 
     def write(self, start: int, value: torch.Tensor) -> None:
-        raw = value.contiguous().reshape(-1).view(torch.uint8).numpy().data
-        at, done = self.offset + start * self.row_bytes, 0
-        while done < len(raw):
-            done += os.pwrite(self.fd, raw[done:], at + done)
+        write_exact(self.fd, self.offset + start * self.row_bytes, value)
 
 
 @dataclass

@@ -131,6 +131,15 @@ def read_exact(
     return out
 
 
+def write_exact(fd: int, offset: int, value: torch.Tensor) -> None:
+    """Write ``value``'s raw bytes to ``fd`` at ``offset``, with ``pwrite`` until all are
+    written (it may write less than asked, and releases the interpreter lock)."""
+    raw = value.contiguous().reshape(-1).view(torch.uint8).numpy().data
+    done = 0
+    while done < len(raw):
+        done += os.pwrite(fd, raw[done:], offset + done)
+
+
 class FileLeaf(LazyLeaf):
     """A raw C-order array in a file (a tensordict ``.memmap`` leaf), read and written with
     ``pread``/``pwrite`` rather than mapped.
@@ -191,10 +200,7 @@ class FileLeaf(LazyLeaf):
         return self._mapped
 
     def write(self, start: int, value: torch.Tensor) -> None:
-        raw = value.contiguous().reshape(-1).view(torch.uint8).numpy().data
-        offset, done = start * self.row_bytes, 0
-        while done < len(raw):
-            done += os.pwrite(self.fd, raw[done:], offset + done)
+        write_exact(self.fd, start * self.row_bytes, value)
 
     def close(self) -> None:
         cold, self._cold = getattr(self, "_cold", None), None
