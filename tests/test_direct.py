@@ -130,6 +130,74 @@ def test_only_pages_not_in_memory_are_read_directly(
         assert bytes(small.numpy()) == whole[2 << 20 : (2 << 20) + 4096]
 
 
+def _cache_exactly(path: Path, nbytes: int) -> None:
+    """Bring the first ``nbytes`` of ``path`` into the page cache, and nothing past them (no
+    read-ahead on this descriptor)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        os.pread(fd, nbytes, 0)
+    finally:
+        os.close(fd)
+
+
+def test_a_range_partly_in_memory_is_read_directly(
+    data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A buffered read of a range partly cached would run into the kernel's read-ahead marks
+    and pull the next ranges into the cache, so that every later read looks cached: only a
+    range cached whole is read from memory."""
+    made = _direct_reads(monkeypatch)
+    with _opened(data) as (fd, reads):
+        _evict(data)
+        _cache_exactly(data, 3 << 18)  # three quarters of the first MiB
+        assert not reads.cached(0, 1 << 20)
+        got = read_exact(fd, 0, 1 << 20, str(data), reads)
+        assert made == [1 << 20]
+        _cache_exactly(data, 1 << 20)
+        assert reads.cached(0, 1 << 20)
+        again = read_exact(fd, 0, 1 << 20, str(data), reads)
+        assert made == [1 << 20]
+        assert bytes(got.numpy()) == bytes(again.numpy()) == data.read_bytes()[: 1 << 20]
+
+
+def test_every_large_read_of_an_hdf5_input_out_of_memory_is_direct(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing the compressor does before its pass (creating the output's copies of the
+    datasets) reads the input's data through the page cache: the pass's reads of a cold
+    input then all bypass it, from the first to the last."""
+    if not _direct_works(tmp_path):
+        pytest.skip("the file system of the test folder refuses O_DIRECT (tmpfs)")
+    rows, width = 400_000, 17  # 27 MB per dataset: more than the kernel reads ahead
+    rng = np.random.default_rng(1)
+    obs = rng.standard_normal((rows + 1, width), dtype=np.float32)
+    src = tmp_path / "in.hdf5"
+    with h5py.File(src, "w") as f:
+        f["observations"] = obs[:-1]
+        f["next_observations"] = obs[1:]
+        f["actions"] = rng.standard_normal((rows, 3), dtype=np.float32)
+        f["rewards"] = rng.standard_normal(rows, dtype=np.float32)
+        f["terminals"] = np.zeros(rows, dtype=bool)
+        f["timeouts"] = np.arange(rows) % 1000 == 999
+    _evict(src)
+    buffered: list[tuple[int, int]] = []
+    original = ColdReads.read
+
+    def spy(self: ColdReads, offset: int, nbytes: int) -> Any:
+        got = original(self, offset, nbytes)
+        if got is None and nbytes >= direct.MIN_DIRECT and self.size == src.stat().st_size:
+            buffered.append((offset, nbytes))
+        return got
+
+    monkeypatch.setattr(ColdReads, "read", spy)
+    made = _direct_reads(monkeypatch)
+    compress(src, tmp_path / "out.hdf5", codec="fp16", verify=False)
+    assert buffered == []
+    assert sum(made) >= 2 * obs[:-1].nbytes  # observations and next observations, once each
+    verify(tmp_path / "out.hdf5")
+
+
 def test_where_o_direct_is_refused_every_read_is_buffered(
     data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

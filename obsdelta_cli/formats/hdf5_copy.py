@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import h5py
+import numpy as np
 import torch
 
 from .hdf5_leaves import contiguous_span, copy_attrs
@@ -143,9 +144,10 @@ class RawCopies:
         )
         copy_attrs(ds, new)
         # Writing one value allocates the whole contiguous storage (the creation properties,
-        # allocation time included, stay the source's); the raw copy overwrites it.
-        first = (0,) * ds.ndim
-        new[first] = ds[first]
+        # allocation time included, stay the source's); the raw copy overwrites it. A zero,
+        # not the source's first value: reading that would start the kernel's read-ahead
+        # there, and the pass's reads of the dataset would then find it cached (ColdReads).
+        new[(0,) * ds.ndim] = np.zeros((), dtype=ds.dtype)
         span = contiguous_span(ds, self.source_size)
         assert span is not None  # raw_copyable said so
         self.spans.append((span[0], new, span[1], streamed))
