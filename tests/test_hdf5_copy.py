@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from obsdelta_cli import compress, inflate, verify
+from obsdelta_cli.codecs import CODECS
 from obsdelta_cli.errors import DataError
 from obsdelta_cli.formats import hdf5, hdf5_copy
 from obsdelta_cli.formats.hdf5_copy import RawCopies, SpanLeaf, raw_copyable
@@ -284,3 +285,31 @@ def test_streamed_observations_that_miss_rows_fail_verification(
     with pytest.raises(DataError):
         compress(src, tmp_path / "out.h5", codec="exact")
     assert not (tmp_path / "out.h5").exists()
+
+
+@pytest.mark.parametrize("codec", [c for c in CODECS if c != "exact"])
+def test_new_datasets_written_in_place_are_the_files_h5py_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, codec: str
+) -> None:
+    """A stored delta (compress) and rebuilt next observations (inflate) go to their
+    contiguous storage with pwrite; the files are byte for byte those h5py's writes make."""
+    src = _d4rl_with_odd_objects(tmp_path / "in.hdf5")
+    spans: list[str] = []
+    original = hdf5_copy.in_place
+
+    def spy(ds: h5py.Dataset, fd: int, dtype: Any) -> Any:
+        leaf = original(ds, fd, dtype)
+        spans.append(ds.name if leaf is not None else "")
+        return leaf
+
+    monkeypatch.setattr(hdf5, "in_place", spy)
+    compress(src, tmp_path / "span.h5", codec=codec, max_abs_error=0.01)
+    inflate(tmp_path / "span.h5", tmp_path / "span.hdf5")
+    assert spans == ["/obsdelta/delta/next_observations", "/next_observations"]
+    monkeypatch.setattr(hdf5, "in_place", lambda ds, fd, dtype: None)
+    compress(src, tmp_path / "h5py.h5", codec=codec, max_abs_error=0.01)
+    inflate(tmp_path / "h5py.h5", tmp_path / "h5py.hdf5")
+    for suffix in (".h5", ".hdf5"):
+        ours, theirs = tmp_path / f"span{suffix}", tmp_path / f"h5py{suffix}"
+        assert ours.read_bytes() == theirs.read_bytes()
+    verify(tmp_path / "span.h5")

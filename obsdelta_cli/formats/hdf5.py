@@ -35,7 +35,7 @@ from ..errors import (
     write_error,
 )
 from .base import Format, Key, LeafSpec, Plan, Sink, Source, key_str
-from .hdf5_copy import RawCopies, raw_copyable, streamable
+from .hdf5_copy import RawCopies, in_place, raw_copyable, streamable
 from .hdf5_leaves import (
     BF16_ATTR,
     MAGIC,
@@ -249,7 +249,7 @@ class HDF5Format(Format):
         leaves: dict[Key, Any] = {}
         for key, spec in plan.new.items():
             ds = self._new_dataset(src, out, key, spec, kwargs, layouts)
-            leaves[key] = H5Leaf(ds, path)
+            leaves[key] = in_place(ds, fd, spec.dtype) or H5Leaf(ds, path)
         arrays_kwargs = kwargs if kwargs is not None else _arrays_kwargs(src, plan)
         arrays = H5Arrays(out, path, arrays_kwargs)
         extra = {"hdf5_layouts": new_layouts}

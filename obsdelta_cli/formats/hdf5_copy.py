@@ -86,6 +86,25 @@ class SpanLeaf(LazyLeaf):
         write_exact(self.fd, self.offset + start * self.row_bytes, value)
 
 
+def in_place(ds: h5py.Dataset, fd: int, dtype: torch.dtype) -> SpanLeaf | None:
+    """A new dataset of the output at ``fd`` that the pass writes in place, row chunk by row
+    chunk with ``pwrite`` at its offset, rather than through h5py (whose selection and write
+    cost 0.8 ms a 1 MiB chunk, on the thread that also measures errors): one contiguous and
+    of numbers in the machine's order (the pipeline's ``dtype``), its storage allocated here.
+    ``None`` for any other dataset."""
+    dcpl = ds.id.get_create_plist()
+    if dcpl.get_layout() != h5py.h5d.CONTIGUOUS or not streamable(ds) or not ds.size:
+        return None
+    # Writing one value allocates the storage (with the fill value, where the creation
+    # properties ask for it); nothing HDF5 holds for it may land after the pass's writes.
+    ds[(0,) * ds.ndim] = np.zeros((), dtype=ds.dtype)
+    ds.file.flush()
+    offset = ds.id.get_offset()
+    if offset is None:  # pragma: no cover - allocated just above
+        return None
+    return SpanLeaf(fd, int(offset), ds.shape, dtype)
+
+
 @dataclass
 class Job:
     """One dataset to copy: its path in the output, its hash so far, where its bytes are."""
