@@ -152,6 +152,11 @@ class Rebuild:
         if sl.stop > valid:
             head = self.rows(slice(sl.start, valid))
             return torch.cat([head, self.obs[valid : sl.stop]])
+        return self.rows_and_stored(sl)[0]
+
+    def rows_and_stored(self, sl: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Rows ``sl`` of the valid rows, and the stored leaf's rows they were rebuilt from
+        (``None`` without a stored leaf): a check hashes both from one read."""
         if self.codec.uses_successor:
             obs, successor = window(self.obs, sl, self.geometry)
         else:
@@ -160,7 +165,7 @@ class Rebuild:
         rebuilt = decode(self.codec, obs, stored, successor, self.dtype)
         if self.exceptions is not None:
             self.exceptions.patch_slice(rebuilt, sl)
-        return rebuilt
+        return rebuilt, stored
 
     def _members(self) -> torch.Tensor | None:
         """The exception rows as a bitmap, for random access; ``None`` past
