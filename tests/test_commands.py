@@ -367,3 +367,36 @@ def test_observations_are_copied_in_the_encoding_pass(
     leaf.write_bytes(bytes(raw))
     with pytest.raises(DataError, match="observation"):
         verify(tmp_path / "small")
+
+
+@pytest.mark.parametrize(
+    "codec", [c for c in CODECS if make_codec(c, 0.05).stored_dtype(torch.float32) is not None]
+)
+def test_verify_reads_a_stored_leaf_once(
+    tmp_path: Path, hopper: TensorDictBase, codec: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stored leaf is hashed from the very reads that rebuild the rows, and a damaged one
+    still fails as stored data."""
+    from obsdelta_cli import verify
+    from obsdelta_cli.formats.leaf import FileLeaf
+
+    hopper.memmap(tmp_path / "in")
+    compress(tmp_path / "in", tmp_path / "small", codec=codec, max_abs_error=0.05)
+    stored = next((tmp_path / "small" / "next" / "delta").glob("*.memmap"))
+    rows: list[int] = []
+    plain_read = FileLeaf.read
+
+    def spy(self: FileLeaf, start: int, stop: int) -> torch.Tensor:
+        got = plain_read(self, start, stop)
+        if Path(self.path) == stored:
+            rows.append(len(got))
+        return got
+
+    monkeypatch.setattr(FileLeaf, "read", spy)
+    verify(tmp_path / "small")
+    assert sum(rows) == math.prod(hopper["observation"].shape[:-1])
+    raw = bytearray(stored.read_bytes())
+    raw[len(raw) // 3] ^= 1
+    stored.write_bytes(bytes(raw))
+    with pytest.raises(DataError, match="stored data"):
+        verify(tmp_path / "small")
