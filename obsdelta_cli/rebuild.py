@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -123,6 +123,14 @@ def take(rows: Any, idx: torch.Tensor) -> torch.Tensor:
 BITMAP_ROWS = 1 << 28
 
 
+class RowParts(NamedTuple):
+    """Rebuilt rows and what they were rebuilt from."""
+
+    rebuilt: torch.Tensor
+    obs: torch.Tensor
+    stored: torch.Tensor | None
+
+
 class Rebuild:
     """Rebuilds the next observations of one stored pair, by contiguous rows or by index."""
 
@@ -146,17 +154,21 @@ class Rebuild:
 
     def rows(self, sl: slice) -> torch.Tensor:
         """Rows ``sl`` (contiguous), reading the observations once with a one-row overlap."""
+        return self.parts(sl).rebuilt
+
+    def parts(self, sl: slice) -> RowParts:
+        """Rows ``sl`` (contiguous) with the observations and the stored rows (of the valid
+        rows among them) they were rebuilt from: a check hashes the stored leaf, and
+        ``inflate`` writes the observations, from the same reads."""
         valid = self.geometry.valid
         if sl.start >= valid:  # past a replay buffer's len: not data, next = obs
-            return self.obs[sl].clone()
+            obs = self.obs[sl]
+            return RowParts(obs.clone(), obs, None)
         if sl.stop > valid:
-            head = self.rows(slice(sl.start, valid))
-            return torch.cat([head, self.obs[valid : sl.stop]])
-        return self.rows_and_stored(sl)[0]
-
-    def rows_and_stored(self, sl: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Rows ``sl`` of the valid rows, and the stored leaf's rows they were rebuilt from
-        (``None`` without a stored leaf): a check hashes both from one read."""
+            head, tail = self.parts(slice(sl.start, valid)), self.obs[valid : sl.stop]
+            return RowParts(
+                torch.cat([head.rebuilt, tail]), torch.cat([head.obs, tail]), head.stored
+            )
         if self.codec.uses_successor:
             obs, successor = window(self.obs, sl, self.geometry)
         else:
@@ -165,7 +177,7 @@ class Rebuild:
         rebuilt = decode(self.codec, obs, stored, successor, self.dtype)
         if self.exceptions is not None:
             self.exceptions.patch_slice(rebuilt, sl)
-        return rebuilt, stored
+        return RowParts(rebuilt, obs, stored)
 
     def _members(self) -> torch.Tensor | None:
         """The exception rows as a bitmap, for random access; ``None`` past

@@ -313,3 +313,61 @@ def test_new_datasets_written_in_place_are_the_files_h5py_writes(
         ours, theirs = tmp_path / f"span{suffix}", tmp_path / f"h5py{suffix}"
         assert ours.read_bytes() == theirs.read_bytes()
     verify(tmp_path / "span.h5")
+
+
+def test_inflate_writes_the_observations_in_the_pass_that_rebuilds_from_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """inflate reads the observations to rebuild the next ones: it writes their copy from the
+    same reads, and the kernel copies only the other datasets. The file is the one the
+    kernel copy makes."""
+    src = _d4rl_with_odd_objects(tmp_path / "in.hdf5")
+    small = tmp_path / "small.h5"
+    compress(src, small, codec="fp16")
+    with h5py.File(small, "r") as f:
+        obs_bytes = f["observations"].id.get_storage_size()
+    counts = _copied_bytes(monkeypatch)
+    inflate(small, tmp_path / "streamed.hdf5")
+    streamed = sum(counts)
+    counts.clear()
+    monkeypatch.setattr(hdf5, "streamable", lambda ds: False)
+    inflate(small, tmp_path / "copied.hdf5")
+    assert sum(counts) - streamed == obs_bytes
+    assert (tmp_path / "streamed.hdf5").read_bytes() == (tmp_path / "copied.hdf5").read_bytes()
+
+
+def _flip_observation_byte(path: Path) -> None:
+    with h5py.File(path, "r") as f:
+        offset = f["observations"].id.get_offset() + f["observations"].id.get_storage_size() // 2
+    with open(path, "r+b") as raw:
+        raw.seek(offset)
+        byte = raw.read(1)[0]
+        raw.seek(offset)
+        raw.write(bytes([byte ^ 0x10]))
+
+
+@pytest.mark.parametrize("codec", ["exact", "fp16"])
+def test_damaged_observations_fail_the_inflate_that_copies_them(
+    tmp_path: Path, cli: Any, codec: str
+) -> None:
+    """Observations copied by the rebuild pass are checked against their recorded hash as they
+    pass: a flipped byte is one error line naming them, and nothing is left behind."""
+    src = _d4rl_with_odd_objects(tmp_path / "in.hdf5")
+    small = tmp_path / "small.h5"
+    compress(src, small, codec=codec)
+    _flip_observation_byte(small)
+    out = tmp_path / "back.hdf5"
+    expect_error(cli, "inflate", small, "-o", out, says=["observations", "copied data"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.hdf5", "small.h5"]
+
+
+def test_observation_attributes_are_checked_before_anything_is_copied(
+    tmp_path: Path, cli: Any
+) -> None:
+    src = _d4rl_with_odd_objects(tmp_path / "in.hdf5")
+    small = tmp_path / "small.h5"
+    compress(src, small, codec="exact")
+    with h5py.File(small, "a") as f:
+        f["observations"].attrs["units"] = "deg"
+    expect_error(cli, "inflate", small, "-o", tmp_path / "back.hdf5", says=["@observations"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.hdf5", "small.h5"]

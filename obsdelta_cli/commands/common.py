@@ -6,7 +6,8 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -14,7 +15,8 @@ import torch
 
 from ..atomic import atomic_output, estimate_output_bytes, write_back
 from ..errors import DataError, InputError, ObsdeltaError, UsageError, write_error
-from ..formats import Format, Plan, Sink, Source, detect
+from ..formats import Format, Key, LeafSpec, Pair, Plan, Sink, Source, detect
+from ..formats.leaf import is_data
 from ..formats.packed import Packed
 from ..manifest import Manifest, parse
 from ..rebuild import StoredPair
@@ -218,3 +220,29 @@ def original_size(manifest: Manifest, size: int, keys: Sequence[KeyResult]) -> i
     if manifest.source_bytes is not None:
         return manifest.source_bytes
     return size + sum(k.bytes_before - k.bytes_after for k in keys)
+
+
+def streamed_observations(
+    source: Source,
+    stream: Stream,
+    pairs: Sequence[Pair],
+    order: Sequence[Key],
+    new: Mapping[Key, LeafSpec],
+) -> frozenset[Key]:
+    """Observation leaves copied during the pass over ``pairs``, which reads them anyway,
+    rather than read twice: those of exactly one pair, kept unchanged, with every row valid
+    (the pass covers valid rows only)."""
+    uses = Counter(p.obs_key for p in pairs)
+    streamed = set()
+    for p in pairs:
+        leaf = source.leaves[p.obs_key]
+        geometry = stream.geometry(leaf)
+        if (
+            uses[p.obs_key] == 1
+            and p.obs_key in order
+            and p.obs_key not in new
+            and is_data(leaf)
+            and geometry.valid == geometry.total
+        ):
+            streamed.add(p.obs_key)
+    return frozenset(streamed)

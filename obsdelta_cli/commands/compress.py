@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,13 +23,20 @@ from ..checksum import Hasher
 from ..codecs import AUTO, DEFAULT_CODEC, Codec, make_codec
 from ..errors import DataError, InputError, UsageError
 from ..formats import Format, Key, LeafSpec, Pair, Plan, Sink, Source, disk_size, key_str
-from ..formats.leaf import is_data
 from ..manifest import HASH_ALGORITHM, ArrayNames, Error, KeyRecord, Manifest
 from ..report import Candidate, DatasetResult, KeyResult
 from ..selection import KeyGroup, candidates, check_time_dim, dtype_name, select_pairs
 from ..stats import ErrorStats
 from ..stream import Behind, Stream
-from .common import DEFAULT_CHUNK_MB, check_bound, one_thread, open_input, stream_for, write
+from .common import (
+    DEFAULT_CHUNK_MB,
+    check_bound,
+    one_thread,
+    open_input,
+    stream_for,
+    streamed_observations,
+    write,
+)
 from .encode import Pieces, encode_pair, measure_pair
 from .verify import object_skip, verify_written
 
@@ -261,32 +267,6 @@ def compress(
     )
 
 
-def _streamed(
-    source: Source,
-    stream: Stream,
-    encoded: list[tuple[Pair, Codec]],
-    order: list[Key],
-    new: dict[Key, LeafSpec],
-) -> frozenset[Key]:
-    """Observation leaves copied during the encoding pass, which reads them anyway, rather than
-    read twice: those of exactly one encoded pair, kept unchanged, with every row valid (the
-    pass covers valid rows only)."""
-    uses = Counter(p.obs_key for p, _ in encoded)
-    streamed = set()
-    for p, _ in encoded:
-        leaf = source.leaves[p.obs_key]
-        geometry = stream.geometry(leaf)
-        if (
-            uses[p.obs_key] == 1
-            and p.obs_key in order
-            and p.obs_key not in new
-            and is_data(leaf)
-            and geometry.valid == geometry.total
-        ):
-            streamed.add(p.obs_key)
-    return frozenset(streamed)
-
-
 def _writer(
     source: Source,
     fmt: Format,
@@ -308,7 +288,7 @@ def _writer(
         if stored is not None:
             new[p.delta_key] = LeafSpec(tuple(obs.shape), stored, replaces=p.next_key)
             order.append(p.delta_key)
-    streamed = _streamed(source, stream, encoded, order, new)
+    streamed = streamed_observations(source, stream, [p for p, _ in encoded], order, new)
     plan = Plan(order, new, sorted(replaced), options, streamed)
 
     def fill(sink: Sink) -> dict[str, Any]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from ..checksum import Hasher
 from ..errors import InputError
@@ -19,9 +18,10 @@ from .common import (
     open_input,
     recorded_results,
     stream_for,
+    streamed_observations,
     write,
 )
-from .verify import check_leaves, check_objects, expect, expect_leaf
+from .verify import check_leaves, check_objects, expect, expect_leaf, mismatch
 
 
 @one_thread
@@ -61,33 +61,48 @@ def inflate(
                     file=input,
                     hint="the file is damaged or was edited",
                 )
-        plan = Plan(order, new, options=dict(manifest.options))
+        streamed = streamed_observations(source, stream, [s.pair for s in stored], order, new)
+        plan = Plan(order, new, options=dict(manifest.options), streamed=streamed)
 
         if manifest.version >= 2:
             # What the container copies whole is checked before anything is copied: HDF5 can
-            # crash on a damaged object it is asked to copy.
-            check_objects(fmt, source, manifest)
+            # crash on a damaged object it is asked to copy. The values of observations the
+            # rebuild pass copies (raw bytes, never through HDF5) are checked as they pass.
+            check_objects(fmt, source, manifest, later=frozenset(map(key_str, streamed)))
 
         def fill(sink: Sink) -> None:
             for key in order:
                 if key in rebuilt:
-                    _rebuild_into(rebuilt[key], sink.leaves[key], manifest.hash_algorithm)
+                    _rebuild_into(rebuilt[key], sink, manifest.hash_algorithm)
                 elif not sink.copied:
                     found = stream.copy(
                         source.leaves[key], sink.leaves[key], manifest.hash_algorithm
                     )
                     expect_leaf(manifest, key, found, input)
 
-        def _rebuild_into(s: StoredPair, dst: Any, algorithm: str) -> None:
+        def _rebuild_into(s: StoredPair, sink: Sink, algorithm: str) -> None:
             rebuild = s.rebuild(source, stream)
-            dst = stream.flat(dst)
+            dst = stream.flat(sink.leaves[s.pair.next_key])
             hasher = Hasher(algorithm)
             g = rebuild.geometry
+            # Observations the container left to this pass: written as they are read, and
+            # their object hash (the dataset as created like the input's, then the values
+            # read) compared with the recorded one at the end.
+            obs_key = s.pair.obs_key
+            copy = sink.streamed.get(obs_key)
+            obs_out = stream.flat(sink.leaves[obs_key]) if copy is not None else None
             slices = stream.chunks([rebuild.obs, dst], g.total, g.align)
-            for sl, rows in ahead(slices, rebuild.rows):
-                dst[sl] = rows
+            for sl, parts in ahead(slices, rebuild.parts):
+                dst[sl] = parts.rebuilt
+                if copy is not None and obs_out is not None:
+                    obs_out[sl] = parts.obs
+                    copy.update(parts.obs)
                 if sl.start < g.valid:
-                    hasher.update(rows[: g.valid - sl.start])
+                    hasher.update(parts.rebuilt[: g.valid - sl.start])
+            if copy is not None:  # first: damaged observations explain a wrong rebuild
+                recorded = manifest.objects.get(key_str(obs_key))
+                if recorded is not None and recorded != copy.hex:
+                    raise mismatch(input, key_str(obs_key), "copied data", recorded, copy.hex)
             expect(s, "rebuilt", hasher, input)
 
         write(fmt, source, output, plan, fill, force)

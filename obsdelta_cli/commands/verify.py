@@ -67,10 +67,10 @@ def check_pair(source: Source, stream: Stream, s: StoredPair, algorithm: str) ->
     # checked before them, as a damaged stored leaf explains a wrong rebuild.
     hasher, stored_hasher = Hasher(algorithm), Hasher(algorithm)
     slices = stream.chunks([rebuild.obs], valid, rebuild.geometry.align)
-    for _sl, (rows, stored) in ahead(slices, rebuild.rows_and_stored):
-        if stored is not None:
-            stored_hasher.update(stored)
-        hasher.update(rows)
+    for _sl, parts in ahead(slices, rebuild.parts):
+        if parts.stored is not None:
+            stored_hasher.update(parts.stored)
+        hasher.update(parts.rebuilt)
     if rebuild.delta is not None:
         expect(s, "stored", stored_hasher, path, leaf=key_str(pair.delta_key))
     expect(s, "rebuilt", hasher, path)
@@ -89,10 +89,16 @@ def object_skip(deltas: set[str], kept: Callable[[str], bool]) -> Callable[[str]
     return skip
 
 
-def check_objects(fmt: Format, source: Source, manifest: Manifest) -> None:
-    """The container's objects copied unchanged (HDF5) are the ones recorded, as stored."""
+def check_objects(
+    fmt: Format, source: Source, manifest: Manifest, later: frozenset[str] = frozenset()
+) -> None:
+    """The container's objects copied unchanged (HDF5) are the ones recorded, as stored; the
+    values of the datasets named in ``later`` are not read here: the caller checks them as it
+    copies them (their attributes are checked here)."""
     deltas = {key_str(k) for k in (r.delta_key for r in manifest.keys) if k is not None}
-    found = fmt.object_hashes(source, object_skip(deltas, lambda n: f"@{n}" in manifest.objects))
+    known = {name: manifest.objects[name] for name in later if name in manifest.objects}
+    skip = object_skip(deltas, lambda n: f"@{n}" in manifest.objects)
+    found = fmt.object_hashes(source, skip, known)
     for name in sorted(set(found) | set(manifest.objects)):
         recorded, seen = manifest.objects.get(name), found.get(name)
         if recorded != seen:

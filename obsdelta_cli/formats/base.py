@@ -12,7 +12,7 @@ import json
 import math
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -229,10 +229,16 @@ class Format(ABC):
     def finish(self, path: Path, sink: Sink, meta: dict[str, Any] | None) -> None:
         """Write ``meta`` (``None`` for a plain, inflated dataset) and flush ``sink``."""
 
-    def object_hashes(self, opened: Source | Sink, skip: Callable[[str], bool]) -> dict[str, str]:
+    def object_hashes(
+        self,
+        opened: Source | Sink,
+        skip: Callable[[str], bool],
+        known: Mapping[str, str] | None = None,
+    ) -> dict[str, str]:
         """Hashes of the container's own objects as stored, by name, in an opened input or an
         output being written, for containers that copy objects whole (HDF5) rather than leaf by
-        leaf; ``skip`` leaves some out. Default: none, every leaf is hashed as it is copied."""
+        leaf; ``skip`` leaves some out, and the values of those in ``known`` are not read (their
+        hash is taken from it). Default: none, every leaf is hashed as it is copied."""
         return {}
 
     def bookkeeping(self, source: Source, removed: list[Key]) -> int:
@@ -282,7 +288,12 @@ class FolderFormat(Format):
     """A container that is a folder of files: besides its leaves, every file it holds
     (``meta.json`` files, metadata of other tools, extra files) is hashed whole."""
 
-    def object_hashes(self, opened: Source | Sink, skip: Callable[[str], bool]) -> dict[str, str]:
+    def object_hashes(
+        self,
+        opened: Source | Sink,
+        skip: Callable[[str], bool],
+        known: Mapping[str, str] | None = None,
+    ) -> dict[str, str]:
         path = opened.path
         if path is None or not path.is_dir():
             return {}

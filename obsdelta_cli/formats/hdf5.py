@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 from abc import abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -186,13 +186,18 @@ class HDF5Format(Format):
     def close(self, source: Source) -> None:
         source.handle.close()
 
-    def object_hashes(self, opened: Source | Sink, skip: Callable[[str], bool]) -> dict[str, str]:
+    def object_hashes(
+        self,
+        opened: Source | Sink,
+        skip: Callable[[str], bool],
+        known: Mapping[str, str] | None = None,
+    ) -> dict[str, str]:
         f: h5py.File = opened.handle
         file = Path(f.filename)
-        known: dict[str, str] = {}
+        known = dict(known or {})
         if id(f) in _OUTPUT_FDS:  # an output being written: its raw chunks must be on disk
             try:
-                known = _copied(f)
+                known |= _copied(f)
                 f.flush()
             except (OSError, RuntimeError) as exc:
                 raise write_error(file, exc) from None

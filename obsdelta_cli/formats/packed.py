@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -371,7 +371,12 @@ class Packed(Format):
     def close(self, source: Source) -> None:
         source.handle.close()
 
-    def object_hashes(self, opened: Source | Sink, skip: Callable[[str], bool]) -> dict[str, str]:
+    def object_hashes(
+        self,
+        opened: Source | Sink,
+        skip: Callable[[str], bool],
+        known: Mapping[str, str] | None = None,
+    ) -> dict[str, str]:
         """The inner container's objects, as the inner would hash them: a folder's files by
         path; an HDF5 inner's objects as stored, where a repacked dataset counts as the one
         recorded when its values hash as they did when it was packed."""

@@ -21,7 +21,7 @@ import pickle
 import re
 import warnings
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -241,7 +241,12 @@ class TedPt(TensorDictFormat):
             td.set_non_tensor(META_KEY, entry)
         torch.save(td, path)
 
-    def object_hashes(self, opened: Source | Sink, skip: Callable[[str], bool]) -> dict[str, str]:
+    def object_hashes(
+        self,
+        opened: Source | Sink,
+        skip: Callable[[str], bool],
+        known: Mapping[str, str] | None = None,
+    ) -> dict[str, str]:
         """The skeleton of the original file, kept in a compressed ``.pt``."""
         if isinstance(opened, PtSink):
             found = {SKELETON: xxhash.xxh3_64_hexdigest(opened.skeleton)} if opened.skeleton else {}
