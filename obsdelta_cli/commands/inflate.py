@@ -89,20 +89,21 @@ def inflate(
             # their object hash (the dataset as created like the input's, then the values
             # read) compared with the recorded one at the end.
             obs_key = s.pair.obs_key
-            copy = sink.streamed.get(obs_key)
-            obs_out = stream.flat(sink.leaves[obs_key]) if copy is not None else None
+            copying = None
+            if obs_key in sink.streamed:
+                copying = (stream.flat(sink.leaves[obs_key]), sink.streamed[obs_key])
             slices = stream.chunks([rebuild.obs, dst], g.total, g.align)
             for sl, parts in ahead(slices, rebuild.parts):
                 dst[sl] = parts.rebuilt
-                if copy is not None and obs_out is not None:
-                    obs_out[sl] = parts.obs
-                    copy.update(parts.obs)
+                if copying is not None:
+                    copying[0][sl] = parts.obs
+                    copying[1].update(parts.obs)
                 if sl.start < g.valid:
                     hasher.update(parts.rebuilt[: g.valid - sl.start])
-            if copy is not None:  # first: damaged observations explain a wrong rebuild
-                recorded = manifest.objects.get(key_str(obs_key))
-                if recorded is not None and recorded != copy.hex:
-                    raise mismatch(input, key_str(obs_key), "copied data", recorded, copy.hex)
+            if copying is not None:  # first: damaged observations explain a wrong rebuild
+                recorded, found = manifest.objects.get(key_str(obs_key)), copying[1].hex
+                if recorded is not None and recorded != found:
+                    raise mismatch(input, key_str(obs_key), "copied data", recorded, found)
             expect(s, "rebuilt", hasher, input)
 
         write(fmt, source, output, plan, fill, force)

@@ -67,6 +67,15 @@ def streamable(ds: h5py.Dataset) -> bool:
     return ds.dtype.kind in "fiuc" and ds.dtype.isnative
 
 
+def allocate(ds: h5py.Dataset) -> None:
+    """Allocate a new contiguous dataset's whole storage (with the fill value, where its
+    creation properties ask for it) by writing one zero, which the caller's raw writes then
+    overwrite. A zero, not a source's first value: reading that would start the kernel's
+    read-ahead there, and the pass's reads of the source would then find it cached
+    (:class:`~obsdelta_cli.formats.direct.ColdReads`)."""
+    ds[(0,) * ds.ndim] = np.zeros((), dtype=ds.dtype)
+
+
 class SpanLeaf(LazyLeaf):
     """A contiguous dataset of an output being written, read and written in place by rows
     through the output's descriptor."""
@@ -95,10 +104,8 @@ def in_place(ds: h5py.Dataset, fd: int, dtype: torch.dtype) -> SpanLeaf | None:
     dcpl = ds.id.get_create_plist()
     if dcpl.get_layout() != h5py.h5d.CONTIGUOUS or not streamable(ds) or not ds.size:
         return None
-    # Writing one value allocates the storage (with the fill value, where the creation
-    # properties ask for it); nothing HDF5 holds for it may land after the pass's writes.
-    ds[(0,) * ds.ndim] = np.zeros((), dtype=ds.dtype)
-    ds.file.flush()
+    allocate(ds)
+    ds.file.flush()  # nothing HDF5 holds for it may land after the pass's writes
     offset = ds.id.get_offset()
     if offset is None:  # pragma: no cover - allocated just above
         return None
@@ -162,11 +169,7 @@ class RawCopies:
             h5py.h5d.create(group.id, name.encode(), dsid.get_type(), dsid.get_space(), dcpl=dcpl)
         )
         copy_attrs(ds, new)
-        # Writing one value allocates the whole contiguous storage (the creation properties,
-        # allocation time included, stay the source's); the raw copy overwrites it. A zero,
-        # not the source's first value: reading that would start the kernel's read-ahead
-        # there, and the pass's reads of the dataset would then find it cached (ColdReads).
-        new[(0,) * ds.ndim] = np.zeros((), dtype=ds.dtype)
+        allocate(new)  # the creation properties, allocation time included, stay the source's
         span = contiguous_span(ds, self.source_size)
         assert span is not None  # raw_copyable said so
         self.spans.append((span[0], new, span[1], streamed))
