@@ -92,6 +92,8 @@ class H5Leaf(LazyLeaf):
         self._offset: int | bool | None = None
         self._fd = -1
         self._cold: ColdReads | None = None
+        # Asked once: ``ds.file`` makes a new h5py File object, under h5py's lock, per call.
+        self._read_only = ds.file.mode == "r"
 
     def storage_bytes(self) -> int:
         """Bytes the dataset takes in the file, after its filters."""
@@ -110,7 +112,7 @@ class H5Leaf(LazyLeaf):
         ``preadv`` at their offset: the same bytes HDF5 would return, but without holding the
         interpreter lock, so reading overlaps encoding. ``None`` where this does not apply."""
         offset = self._raw_offset()
-        if offset is None or self.ds.file.mode != "r":
+        if offset is None or not self._read_only:
             return None
         if self._fd < 0:
             self._fd = os.open(self.file, os.O_RDONLY)
