@@ -99,6 +99,7 @@ def _init_worker(threads: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by _spawn
     signal.signal(signal.SIGTERM, _worker_sigterm)
+    interrupts.quiet_in_finalizers()
     import torch
 
     # Workers share the cores: one pool of threads each would oversubscribe them.

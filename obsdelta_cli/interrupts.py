@@ -11,6 +11,7 @@ raised as :class:`Terminated`, a :class:`KeyboardInterrupt`, so that every ``fin
 from __future__ import annotations
 
 import signal
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -74,6 +75,24 @@ def install() -> None:
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    quiet_in_finalizers()
+
+
+def quiet_in_finalizers() -> None:
+    """A signal whose exception is raised inside a finalizer (``__del__``, a weakref callback)
+    cannot propagate: the interpreter prints it with a traceback and goes on. Such an exception
+    is dropped silently instead; the signal is in :data:`received`, and the next :func:`check`
+    (one per chunk read) raises it where the command can clean up."""
+    if getattr(sys.unraisablehook, "obsdelta", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable: sys.UnraisableHookArgs) -> None:
+        if not (received and isinstance(unraisable.exc_value, KeyboardInterrupt)):
+            previous(unraisable)
+
+    hook.obsdelta = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
 
 
 def finished() -> None:

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from . import interrupts
 from .checksum import Hasher
 from .formats.leaf import FlatRows, as_rows, is_data
 from .progress import current
@@ -148,6 +149,8 @@ def ahead(items: Iterable[T], load: Callable[[T], R]) -> Iterator[tuple[T, R]]:
     try:
         pending: tuple[T, Future[R]] | None = None
         for item in items:
+            # A signal whose exception something swallowed stops the pass here, each chunk.
+            interrupts.check()
             submitted = (item, pool.submit(load, item))
             if pending is not None:
                 yield pending[0], pending[1].result()

@@ -109,6 +109,36 @@ def test_a_signal_while_importing_torch_waits_for_the_import() -> None:
     assert proc.stdout == "still importing\nTerminated\n"
 
 
+def test_a_signal_inside_a_finalizer_is_silent_and_still_stops_the_pass(tmp_path: Path) -> None:
+    # A SIGTERM that lands while a ``__del__`` runs (the pool stopping a worker that was closing a
+    # file) cannot propagate from there; the interpreter used to print it with a traceback. It is
+    # remembered instead, and the next chunk of the pass raises it.
+    code = (
+        "import gc, os, signal, sys\n"
+        "from obsdelta_cli import interrupts\n"
+        "from obsdelta_cli.stream import ahead\n"
+        "interrupts.install()\n"
+        "class Closing:\n"
+        "    def __del__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        sum(range(1000))  # the handler runs here, inside the finalizer\n"
+        "read = []\n"
+        "try:\n"
+        "    for i, _ in ahead(range(5), lambda i: i):\n"
+        "        read.append(i)\n"
+        "        if i == 1:\n"
+        "            Closing()\n"
+        "            gc.collect()\n"
+        "except KeyboardInterrupt as exc:\n"
+        "    print(type(exc).__name__, read)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path
+    )
+    assert proc.stderr == ""
+    assert proc.stdout == "Terminated [0, 1]\n"
+
+
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     """Six TED memmap rollouts of ~25 MB each: long enough to interrupt a batch midway."""
