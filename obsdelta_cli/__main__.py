@@ -14,7 +14,15 @@ from typing import NoReturn
 from . import interrupts
 
 
+def _release_locks() -> None:
+    # A signal that came just as an output's lock was taken leaves no ``with`` to let go of it.
+    atomic = sys.modules.get("obsdelta_cli.atomic")
+    if atomic is not None:
+        atomic.release_locks()
+
+
 def _stopped(exc: KeyboardInterrupt) -> None:
+    _release_locks()
     if not interrupts.reported:
         print(f"obsdelta: {interrupts.describe(exc)}; no partial output was left", file=sys.stderr)
     interrupts.handled()
@@ -45,6 +53,7 @@ def _leave(done: SystemExit) -> NoReturn:
     its report written), skipping the interpreter's teardown: after ``import torch`` that
     alone takes a quarter of a second. Anything still running (worker processes, threads that
     are not daemons) gets the ordinary exit instead."""
+    _release_locks()
     code = 0 if done.code is None else done.code
     multiprocessing = sys.modules.get("multiprocessing")
     busy = multiprocessing is not None and multiprocessing.active_children()

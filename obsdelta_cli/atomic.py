@@ -317,7 +317,8 @@ def _leaf_bytes(leaf: Any) -> int:
 @contextmanager
 def output_lock(output: Path, *, wait: bool) -> Iterator[None]:
     """Hold ``.OUTPUT.obsdelta-lock`` beside ``output``; without ``wait``, refuse if another
-    run holds it. The lock file is removed on the way out (a killed run's is reused)."""
+    run holds it. The lock file is removed on the way out (a killed run's is reused), also
+    when a signal lands while it is being taken."""
     path = output.parent / f".{output.name}{LOCK_MARK}"
     while True:
         try:
@@ -330,6 +331,10 @@ def output_lock(output: Path, *, wait: bool) -> Iterator[None]:
             ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            # The holder before us may have removed the file after we opened it: lock the
+            # file that is at the path now, or two runs could hold locks on different files.
+            if _at(path, fd):
+                break
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
@@ -338,27 +343,55 @@ def output_lock(output: Path, *, wait: bool) -> Iterator[None]:
                 file=output,
                 hint="wait for it to finish, or write the output elsewhere",
             ) from None
-        except BaseException:
-            os.close(fd)
+        except BaseException:  # Ctrl-C while waiting, or a signal just after the file was made
+            _let_go(path, fd)
             raise
-        # The holder before us may have removed the file after we opened it: lock the file that
-        # is at the path now, or two runs could hold locks on different files.
-        try:
-            same = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
         os.close(fd)
     try:
+        _HELD[fd] = path
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())
         yield
     finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)  # while still holding it: a waiter then retries with a fresh file
-        os.close(fd)
+        if _HELD.get(fd) == path:  # not let go of by release_locks() already
+            _let_go(path, fd)
+
+
+def _at(path: Path, fd: int) -> bool:
+    """Whether ``fd`` is the file now at ``path``."""
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+#: Locks this process holds (descriptor: lock file), for :func:`release_locks`.
+_HELD: dict[int, Path] = {}
+
+
+def release_locks() -> None:
+    """Let go of every lock this process holds, for a process about to end without unwinding
+    (``os._exit``). A signal that lands inside ``__enter__``, once the lock is taken but before
+    the ``with`` block is entered, stops ``__exit__`` from ever running: the lock file would
+    stay behind.
+
+    >>> release_locks()
+    """
+    for fd, path in list(_HELD.items()):
+        _let_go(path, fd)
+
+
+def _let_go(path: Path, fd: int) -> None:
+    """Remove the lock file if it is ours to remove, then close ``fd``. Ours: we hold its lock
+    or can take it at once (a file this run made, interrupted before locking it), and it is
+    the file at the path. Removed while held, so that a waiter retries with a fresh file."""
+    _HELD.pop(fd, None)
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a no-op if held already
+        if _at(path, fd):
+            os.unlink(path)
+    os.close(fd)
 
 
 def _holder(fd: int) -> str:

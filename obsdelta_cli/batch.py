@@ -17,9 +17,10 @@ from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from importlib import import_module
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from . import interrupts
+from .atomic import release_locks
 from .errors import ObsdeltaError, UsageError
 from .report import DatasetResult
 
@@ -121,12 +122,18 @@ def _pool_job(job: Job) -> Outcome:
     try:
         outcome = run_job(job)
     except KeyboardInterrupt:
-        os._exit(143)
+        _exit(143)
     finally:
         _BUSY = False
     if interrupts.received:  # stopped, but the exception was swallowed: the output is complete
-        os._exit(143)
+        _exit(143)
     return outcome
+
+
+def _exit(code: int) -> NoReturn:
+    """End a worker now, the output it was writing removed: no lock file left either."""
+    release_locks()
+    os._exit(code)
 
 
 def _spawn(pool: ProcessPoolExecutor, jobs: Sequence[Job]) -> list[Future[Outcome]]:

@@ -4,6 +4,7 @@ space, and write failures at any moment."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import random
 import resource
@@ -203,6 +204,51 @@ def test_lock_file_is_the_one_at_the_path(tmp_path: Path) -> None:
     # Never two holders at once: every "in" is followed by its own "out".
     for i in range(1, len(order), 2):
         assert order[i].endswith(" in") and order[i + 1] == order[i].replace(" in", " out")
+    assert _debris(tmp_path) == []
+
+
+def _interrupt_first_flock(monkeypatch: pytest.MonkeyPatch, after: bool) -> None:
+    """The first ``flock`` is cut short by a signal: before it locks, or just after."""
+    real, calls = fcntl.flock, []
+
+    def flock(fd: int, operation: int) -> None:
+        calls.append(operation)
+        if len(calls) > 1:
+            return real(fd, operation)
+        if after:
+            real(fd, operation)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(atomic.fcntl, "flock", flock)
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["before-locking", "after-locking"])
+@pytest.mark.parametrize("wait", [False, True])
+def test_a_signal_while_taking_the_lock_leaves_no_lock_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, after: bool, wait: bool
+) -> None:
+    # A batch stopped by Ctrl-C just as a worker starts its next input (when the outputs
+    # finished so far appear, which is when people press it) left the lock file behind.
+    _interrupt_first_flock(monkeypatch, after)
+    with pytest.raises(KeyboardInterrupt), output_lock(tmp_path / "out", wait=wait):
+        pytest.fail("the lock was taken")
+    assert _debris(tmp_path) == []
+
+
+def test_a_signal_while_waiting_for_the_lock_leaves_the_holders_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    with output_lock(out, wait=False):
+        lock = tmp_path / _debris(tmp_path)[0]
+        held = lock.stat().st_ino
+        _interrupt_first_flock(monkeypatch, after=False)  # Ctrl-C while waiting
+        with pytest.raises(KeyboardInterrupt), output_lock(out, wait=True):
+            pytest.fail("the lock was taken twice")
+        assert lock.stat().st_ino == held  # still there, and still the holder's
+        monkeypatch.undo()
+        with pytest.raises(OutputError, match="another obsdelta run"), output_lock(out, wait=False):
+            pytest.fail("the lock was taken twice")
     assert _debris(tmp_path) == []
 
 

@@ -139,6 +139,48 @@ def test_a_signal_inside_a_finalizer_is_silent_and_still_stops_the_pass(tmp_path
     assert proc.stdout == "Terminated [0, 1]\n"
 
 
+@pytest.mark.parametrize("worker", [True, False], ids=["--jobs-worker", "command"])
+def test_a_signal_just_after_the_lock_is_taken_leaves_no_lock_file(
+    tmp_path: Path, worker: bool
+) -> None:
+    # Stopping a batch just as a worker started its next input (when the outputs finished so
+    # far appear, which is when people press Ctrl-C) could land inside ``__enter__``, the lock
+    # taken but its ``with`` not yet entered, so no ``__exit__`` ever let go of it; the worker
+    # then ended with ``os._exit`` and the lock file stayed.
+    out = tmp_path / "out"
+    run = (
+        "batch._pool_job(batch.Job('compress', Path(sys.argv[1]), Path(sys.argv[2]), {}))"
+        if worker
+        else "sys.argv[1:] = ['compress', sys.argv[1], '-o', sys.argv[2]]; __main__.main()"
+    )
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from obsdelta_cli import __main__, atomic, batch, interrupts\n"
+        "interrupts.install()\n"
+        "real = atomic.output_lock\n"
+        "class SignalledOnEntry:\n"
+        "    def __init__(self, *args, **kwargs):\n"
+        "        self.lock = real(*args, **kwargs)\n"
+        "    def __enter__(self):\n"
+        "        self.lock.__enter__()\n"
+        "        raise interrupts.Terminated\n"
+        "    def __exit__(self, *exc):\n"
+        "        raise AssertionError('never entered')\n"
+        "atomic.output_lock = SignalledOnEntry\n"
+        f"{run}\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(SAMPLE / "hopper_ted"), str(out)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 143, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     """Six TED memmap rollouts of ~25 MB each: long enough to interrupt a batch midway."""
