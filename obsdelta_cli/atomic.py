@@ -42,6 +42,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import interrupts
 from .errors import ObsdeltaError, OutputError
 
 if TYPE_CHECKING:
@@ -320,21 +321,33 @@ def output_lock(output: Path, *, wait: bool) -> Iterator[None]:
     run holds it. The lock file is removed on the way out (a killed run's is reused), also
     when a signal lands while it is being taken."""
     path = output.parent / f".{output.name}{LOCK_MARK}"
+    fd = _take(path, output, wait)
+    try:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        if _HELD.get(fd) == path:  # not let go of by release_locks() already
+            _let_go(path, fd)
+
+
+def _take(path: Path, output: Path, wait: bool) -> int:
+    """A descriptor holding the lock on the file now at ``path``, entered in :data:`_HELD`.
+    Whatever the moment a signal lands, the file is either ours and let go of, or entered."""
     while True:
+        fd = -1
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            raise OutputError(
-                f"cannot write ({exc.strerror})",
-                file=path,
-                hint="check free space and permissions; nothing was written",
-            ) from None
-        try:
+            # Held back while the file is opened: raised between the system call and the
+            # assignment, a signal would lose the descriptor of a file this run made.
+            with interrupts.deferred():
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
             # The holder before us may have removed the file after we opened it: lock the
             # file that is at the path now, or two runs could hold locks on different files.
             if _at(path, fd):
-                break
+                _HELD[fd] = path
+                return fd
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
@@ -343,19 +356,19 @@ def output_lock(output: Path, *, wait: bool) -> Iterator[None]:
                 file=output,
                 hint="wait for it to finish, or write the output elsewhere",
             ) from None
+        except OSError as exc:
+            if fd >= 0:
+                _let_go(path, fd)
+            raise OutputError(
+                f"cannot write ({exc.strerror})",
+                file=path,
+                hint="check free space and permissions; nothing was written",
+            ) from None
         except BaseException:  # Ctrl-C while waiting, or a signal just after the file was made
-            _let_go(path, fd)
+            if fd >= 0:
+                _let_go(path, fd)
             raise
         os.close(fd)
-    try:
-        _HELD[fd] = path
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
-        yield
-    finally:
-        if _HELD.get(fd) == path:  # not let go of by release_locks() already
-            _let_go(path, fd)
 
 
 def _at(path: Path, fd: int) -> bool:

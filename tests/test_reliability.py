@@ -129,12 +129,23 @@ def _big_input(tmp_path: Path, hopper: TensorDictBase, tiles: int) -> Path:
 
 
 def _start(src: Path, out: Path) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-X", "faulthandler", "-m", "obsdelta_cli", "compress", str(src)]
     return subprocess.Popen(
-        [sys.executable, "-m", "obsdelta_cli", "compress", str(src), "-o", str(out), "--quiet"],
+        [*argv, "-o", str(out), "--quiet"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def _stderr_of(proc: subprocess.Popen[str], timeout: float) -> str:
+    """What ``proc`` printed on stderr once it ended; if it has not ended in ``timeout``
+    seconds, fail with the stacks of its threads (``faulthandler``, on SIGABRT)."""
+    try:
+        return proc.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        pytest.fail(f"still running after {timeout} s:\n{proc.communicate(timeout=60)[1]}")
 
 
 def _traces(folder: Path) -> list[str]:
@@ -152,7 +163,7 @@ def test_sigterm_and_sigint_leave_nothing(
     _wait_for_writing(proc, tmp_path)
     assert proc.poll() is None, "finished before it could be interrupted; use a bigger input"
     proc.send_signal(signum)
-    _, stderr = proc.communicate(timeout=60)
+    stderr = _stderr_of(proc, 60)
     assert proc.returncode == (143 if signum == signal.SIGTERM else 130)
     assert stderr.strip().startswith("obsdelta: ") and len(stderr.strip().splitlines()) == 1
     assert not out.exists() and _traces(tmp_path) == []

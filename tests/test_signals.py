@@ -39,11 +39,16 @@ def _start(argv: list[str], cwd: Path) -> subprocess.Popen[str]:
         text=True,
         start_new_session=True,  # its own process group, as a shell gives a job
         preexec_fn=_foreground,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # stacks on SIGABRT, see _finish
     )
 
 
 def _finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=120)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        pytest.fail(f"still running after 120 s:\n{proc.communicate(timeout=60)[1]}")
     return proc.returncode, out, err
 
 

@@ -206,8 +206,9 @@ class FileLeaf(LazyLeaf):
         cold, self._cold = getattr(self, "_cold", None), None
         if cold is not None:
             cold.close()
-        if self.fd >= 0:
-            fd, self.fd = self.fd, -1  # never close a number the system may have reused
+        fd = getattr(self, "fd", -1)  # unset if a signal cut __init__ short
+        if fd >= 0:
+            self.fd = -1  # never close a number the system may have reused
             os.close(fd)
 
     def __del__(self) -> None:
