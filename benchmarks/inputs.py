@@ -38,6 +38,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -325,7 +326,7 @@ def input_path(root: Path, layout: str, name: str) -> Path:
     return root / (f"{name}.hdf5" if layout == D4RL else name)
 
 
-def read_marker(marker: Path) -> dict[str, float]:
+def read_marker(marker: Path) -> dict[str, Any]:
     try:
         return dict(json.loads(marker.read_text()))
     except (OSError, ValueError):

@@ -80,7 +80,7 @@ def pong_ted(steps: int, path: Path, seed: int = 0) -> Path:
     obs, _ = env.reset(seed=seed)
     frames, nexts, actions, rewards, dones = [], [], [], [], []
     for _ in range(steps):
-        action = int(rng.integers(env.action_space.n))
+        action = int(rng.integers(env.action_space.n))  # type: ignore[attr-defined]
         nxt, reward, term, trunc, _ = env.step(action)
         frames.append(obs)
         nexts.append(nxt)
