@@ -381,13 +381,13 @@ def disk_alone(
     bench: Bench, label: BenchInput, items: list[BenchInput], timings: dict[int, Timing]
 ) -> dict[str, Any]:
     """For reference: the bytes ``--jobs 2`` reads and writes, moved by 2 processes with nothing
-    computed and no interpreter start-up (``disk_floor.py``). Not a bound: that script reads
+    computed and no interpreter start-up (``disk_alone.py``). Not a bound: that script reads
     and writes at once, which this disk does worse than obsdelta's order (see the README)."""
     written = timings[1].output_bytes
     if not written:
         return check("--jobs: the disk alone", "—", "—", None, "", None)
     out = bench.scratch / "disk-alone"
-    argv = [PYTHON, str(BENCH / "disk_floor.py"), "--procs", "2"]
+    argv = [PYTHON, str(BENCH / "disk_alone.py"), "--procs", "2"]
     argv += ["--out-per-in", f"{written / label.bytes:.4f}", "--out", str(out)]
     alone = bench.time(
         label,

@@ -1,6 +1,6 @@
 """The disk alone: what a batch compress reads and writes, with nothing computed.
 
-    python benchmarks/disk_floor.py --procs 2 --out-per-in 0.6 --out DIR INPUT...
+    python benchmarks/disk_alone.py --procs 2 --out-per-in 0.6 --out DIR INPUT...
 
 Each input is read whole past the page cache (``O_DIRECT``, 8 MiB at a time, as obsdelta reads
 a cold input) while ``--out-per-in`` times the bytes read are written to a file of its own in
