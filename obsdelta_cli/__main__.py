@@ -31,6 +31,10 @@ def _stopped(exc: KeyboardInterrupt) -> None:
 
 def main() -> None:
     """Console-script entry point."""
+    # numpy's OpenBLAS starts a thread per core at import, and numpy's import self-test sets
+    # them spinning: ~0.05 s of CPU per process, taken from the other worker under --jobs.
+    # obsdelta makes no numpy BLAS call (its matrix products are torch's, on torch's threads).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     interrupts.install()
     try:
         from .cli import app

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from obsdelta_cli import verify
-from obsdelta_cli.batch import Job, command, run_all
+from obsdelta_cli.batch import Job, command, import_heavy, run_all
 
 from .conftest import SAMPLE, Cli
 
@@ -117,3 +117,14 @@ def test_unreachable_scheduler(cli: Cli, tmp_path: Path) -> None:
 def test_objects_made_by_the_imports_are_kept_out_of_garbage_collection() -> None:
     command("compress")
     assert gc.get_freeze_count() > 100_000  # torch's modules, functions and types
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_heavy_imports_leave_the_collector_as_they_found_it(enabled: bool) -> None:
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        import_heavy("json.tool")  # a collection during it would have been wasted
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
