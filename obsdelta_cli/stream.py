@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import chain, islice
 from typing import Any, TypeVar
 
 import torch
@@ -145,10 +146,19 @@ def ahead(items: Iterable[T], load: Callable[[T], R]) -> Iterator[tuple[T, R]]:
     >>> [r for _, r in ahead(range(3), lambda i: i * i)]
     [0, 1, 4]
     """
+    items = iter(items)
+    first = list(islice(items, 2))
+    if len(first) < 2:
+        # One item, nothing to overlap: no thread is started (a pass over each of the
+        # hundreds of short demos of a robomimic file is one chunk).
+        for item in first:
+            interrupts.check()
+            yield item, load(item)
+        return
     pool = _one_worker("obsdelta-read")
     try:
         pending: tuple[T, Future[R]] | None = None
-        for item in items:
+        for item in chain(first, items):
             # A signal whose exception something swallowed stops the pass here, each chunk.
             interrupts.check()
             submitted = (item, pool.submit(load, item))

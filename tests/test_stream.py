@@ -141,6 +141,17 @@ def test_ahead_keeps_order_and_loads_at_most_one_item_ahead() -> None:
     assert list(ahead([], lambda i: i)) == []
 
 
+@pytest.mark.parametrize("count", [1, 2, 5])
+def test_ahead_starts_a_thread_only_when_there_is_a_next_item_to_load(count: int) -> None:
+    # A pass over one chunk (each of a robomimic file's hundreds of short demos) has nothing
+    # to overlap: starting and joining a thread for it cost more than the read.
+    here = threading.current_thread().name
+    loaded = [name for _, name in ahead(range(count), lambda _: threading.current_thread().name)]
+    assert len(loaded) == count
+    assert (loaded == [here]) is (count == 1)
+    assert (here in loaded) is (count == 1)
+
+
 def test_ahead_raises_the_loaders_error_at_its_item() -> None:
     def load(i: int) -> int:
         if i == 3:
