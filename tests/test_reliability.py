@@ -156,7 +156,9 @@ def _traces(folder: Path) -> list[str]:
 def test_sigterm_and_sigint_leave_nothing(
     signum: int, tmp_path: Path, hopper: TensorDictBase
 ) -> None:
-    src = _big_input(tmp_path, hopper, 120)
+    # 240 MB: compress writes for about 0.3 s once its temporary output appears, where 60 MB
+    # gave 0.08 s, short enough for a busy machine to deliver the signal after the rename.
+    src = _big_input(tmp_path, hopper, 480)
     before = tree_hash(src)
     out = tmp_path / "out"
     proc = _start(src, out)

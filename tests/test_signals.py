@@ -188,10 +188,11 @@ def test_a_signal_just_after_the_lock_is_taken_leaves_no_lock_file(
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    """Six TED memmap rollouts of ~25 MB each: long enough to interrupt a batch midway."""
+    """Six TED memmap rollouts of ~50 MB each: long enough to interrupt a batch midway (the
+    last four take about 0.5 s once the first output appears; at 25 MB each, 0.24 s)."""
     root = tmp_path_factory.mktemp("batch")
     hopper = load_sample("hopper_ted")
-    big = torch.cat([hopper] * 60)
+    big = torch.cat([hopper] * 120)
     assert isinstance(big, TensorDict)
     paths = []
     for i in range(6):
