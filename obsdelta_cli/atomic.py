@@ -170,6 +170,28 @@ def clean_stale(output: Path, *, locked: bool = False) -> None:
             _remove(tmp)
 
 
+def clean_after_killed(output: Path) -> None:
+    """Remove what a run killed while writing ``output`` left (its temporary and its lock
+    file), unless another run is writing ``output`` now: its files are its own.
+
+    >>> clean_after_killed(Path("/nonexistent/out.h5"))
+    """
+    path = output.parent / f".{output.name}{LOCK_MARK}"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)  # never made here
+    except OSError:
+        clean_stale(output)  # no lock file: only the temporaries of dead processes
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return
+    if _at(path, fd):
+        clean_stale(output, locked=True)
+    _let_go(path, fd)
+
+
 def _dead(path: Path) -> bool:
     pid = path.name.rsplit("-", 1)[-1]
     return pid.isdigit() and not _alive(int(pid))

@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from importlib import import_module
 from pathlib import Path
@@ -21,8 +22,8 @@ from types import ModuleType
 from typing import Any, NoReturn
 
 from . import interrupts
-from .atomic import release_locks
-from .errors import ObsdeltaError, UsageError
+from .atomic import clean_after_killed, release_locks
+from .errors import ObsdeltaError, OutputError, UsageError
 from .report import DatasetResult
 
 #: The module with the command implementations, imported on first use (it imports torch): the
@@ -204,9 +205,10 @@ def run_all(
         pool = ProcessPoolExecutor(workers, context, _init_worker, (threads,))
         try:
             # Largest first: a big input started last would leave the other workers idle.
-            futures = _spawn(pool, sorted(jobs, key=_input_bytes, reverse=True))
+            ordered = sorted(jobs, key=_input_bytes, reverse=True)
+            futures = dict(zip(_spawn(pool, ordered), ordered, strict=True))
             for future in as_completed(futures):
-                yield future.result()
+                yield _outcome(future, futures[future])
         except BaseException:  # Ctrl-C, SIGTERM, or the caller stopped listening
             _stop(pool)
             raise
@@ -214,6 +216,24 @@ def run_all(
     else:
         for job in jobs:
             yield run_job(job)
+
+
+def _outcome(future: Future[Outcome], job: Job) -> Outcome:
+    """A worker's outcome; if the worker was killed (by a signal, or by the system when memory
+    ran out), the pool is broken: this job and every one not yet done fail, and what the
+    killed worker left beside its output is removed."""
+    try:
+        return future.result()
+    except BrokenProcessPool:
+        if job.output is not None:
+            clean_after_killed(job.output)
+        lost = OutputError(
+            "not done: a worker process was killed (by a signal, or by the system when memory "
+            "ran out); nothing was written for this input",
+            file=job.input,
+            hint="run it again, with fewer --jobs if memory is short",
+        )
+        return Outcome(job, None, str(lost), lost.exit_code, 0.0)
 
 
 def _run_on_dask(jobs: Sequence[Job], scheduler: str) -> Iterator[Outcome]:

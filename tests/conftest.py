@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,13 @@ def read_any(path: Path) -> TensorDictBase:
     if (path / "storage").is_dir():
         return TensorDict.load_memmap(path / "storage")
     return TensorDict.load_memmap(path)
+
+
+def in_the_foreground() -> None:
+    """``preexec_fn`` for a process the test sends SIGINT: a job in an interactive shell gets
+    Ctrl-C; one started in the background (as this test run may be) inherits SIGINT ignored,
+    which obsdelta respects."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def tree_hash(path: Path) -> str:

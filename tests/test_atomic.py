@@ -25,6 +25,7 @@ from obsdelta_cli import atomic, compress, inflate, verify
 from obsdelta_cli.atomic import (
     atomic_output,
     check_replaceable,
+    clean_after_killed,
     clean_stale,
     estimate_output_bytes,
     output_lock,
@@ -621,3 +622,17 @@ def test_scratch_outputs_are_put_in_place_without_flushing(
     assert not atomic.in_scratch(work / "inner")
     assert (work / "inner").read_text() == "inner" and (tmp_path / "out").read_text() == "out"
     assert [p.name for p in flushed] == [".out.obsdelta-tmp-" + str(os.getpid())]
+
+
+def test_what_a_killed_run_left_is_removed_unless_another_run_writes_the_output(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out.h5"
+    lock, tmp = tmp_path / ".out.h5.obsdelta-lock", tmp_path / ".out.h5.obsdelta-tmp-1"
+    with output_lock(out, wait=False):  # another run, writing now
+        tmp.write_bytes(b"partial")
+        clean_after_killed(out)
+        assert lock.exists() and tmp.exists()
+    lock.write_bytes(b"999999\n")  # a killed run's lock file, held by no one
+    clean_after_killed(out)
+    assert sorted(tmp_path.iterdir()) == []

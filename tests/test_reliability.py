@@ -23,7 +23,7 @@ from obsdelta_cli.errors import DataError
 from obsdelta_cli.formats import FORMATS
 from obsdelta_cli.manifest import FORMAT_VERSION
 
-from .conftest import SAMPLE, Cli, tree_hash
+from .conftest import SAMPLE, Cli, in_the_foreground, tree_hash
 from .test_cli_errors import expect_error
 from .writers import WRITERS
 
@@ -135,6 +135,7 @@ def _start(src: Path, out: Path) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=in_the_foreground,
     )
 
 

@@ -16,18 +16,12 @@ from tensordict import TensorDict
 
 from obsdelta_cli import verify
 
-from .conftest import SAMPLE, load_sample
+from .conftest import SAMPLE, in_the_foreground, load_sample
 
 ENTRY_POINTS = {
     "script": [str(Path(sys.executable).with_name("obsdelta"))],
     "module": [sys.executable, "-m", "obsdelta_cli"],
 }
-
-
-def _foreground() -> None:
-    # A job in an interactive shell gets Ctrl-C; one started in the background (as this test
-    # run may be) inherits SIGINT ignored, which obsdelta respects.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _start(argv: list[str], cwd: Path) -> subprocess.Popen[str]:
@@ -38,7 +32,7 @@ def _start(argv: list[str], cwd: Path) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group, as a shell gives a job
-        preexec_fn=_foreground,
+        preexec_fn=in_the_foreground,
         env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # stacks on SIGABRT, see _finish
     )
 
@@ -240,6 +234,31 @@ def test_interrupt_mid_batch(
     assert len(left) < len(inputs), "the batch ended before the signal: make the inputs larger"
     assert all(not p.name.startswith(".") for p in left), left  # no temporaries
     for path in left:
+        assert verify(path).ok
+
+
+def test_a_killed_worker_fails_its_inputs_in_one_line_each_and_leaves_nothing(
+    inputs: list[Path], tmp_path: Path
+) -> None:
+    # As the out-of-memory killer would: SIGKILL, which no handler sees, mid-input.
+    out = tmp_path / "small"
+    proc = _batch(inputs, out, tmp_path)
+    deadline = time.monotonic() + 90
+    writing: list[Path] = []
+    while not writing and proc.poll() is None and time.monotonic() < deadline:
+        writing = list(out.glob(".*.obsdelta-tmp-*")) if out.is_dir() else []
+        time.sleep(0.005)
+    assert writing, "no worker started writing"
+    os.kill(int(writing[0].name.rsplit("-", 1)[1]), signal.SIGKILL)
+    code, _, err = _finish(proc)
+    assert code == 1, err
+    assert "Traceback" not in err, err
+    lost = [line for line in err.splitlines() if "a worker process was killed" in line]
+    done = sorted(out.iterdir()) if out.exists() else []  # an emptied folder is removed
+    assert lost and len(lost) + len(done) == len(inputs), err
+    assert all(line.startswith("obsdelta: error: ") for line in lost)
+    assert all(not p.name.startswith(".") for p in done), done  # no temporary, no lock file
+    for path in done:
         assert verify(path).ok
 
 
