@@ -4,6 +4,7 @@ the recorded error, obsdelta's own objects gone after inflate, streaming in boun
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,9 @@ import torch
 from tensordict import TensorDictBase
 
 from obsdelta_cli import compress, inflate, report
+from obsdelta_cli.errors import InputError
 from obsdelta_cli.formats.hdf5 import H5_COMPRESSIONS, read_meta
+from obsdelta_cli.formats.hdf5_leaves import H5Arrays, leaves_of
 from obsdelta_cli.manifest import FORMAT_VERSION
 
 from .conftest import SAMPLE, Cli, tree_hash
@@ -344,3 +347,47 @@ def test_rows_read_at_their_offset_are_the_rows_hdf5_reads(tmp_path: Path, layou
         assert got.dtype == expect.dtype
         assert torch.equal(got.view(torch.uint8), expect.view(torch.uint8))
         assert leaf.read(995, 2000).shape == (5, 7)  # past the end: the rows there are
+
+
+def _descriptors_of(path: Path) -> int:
+    fds = Path("/proc/self/fd")
+    return sum(1 for fd in fds.iterdir() if os.path.realpath(fd) == str(path.resolve()))
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts descriptors in /proc")
+def test_the_datasets_of_a_file_share_its_descriptors(tmp_path: Path) -> None:
+    # Hundreds of robomimic datasets each opened the file twice (and mapped it) before.
+    path = tmp_path / "demos.hdf5"
+    values = np.arange(40 * 1000 * 11, dtype=np.float32).reshape(40, 1000, 11)
+    with h5py.File(path, "w") as f:
+        for i in range(40):
+            f.create_dataset(f"data/demo_{i}/obs", data=values[i])
+    with h5py.File(path, "r") as f:
+        leaves = leaves_of(f, path)
+        before = _descriptors_of(path)
+        for i in range(40):
+            rows = leaves[("data", f"demo_{i}", "obs")].read(0, 1000)
+            assert torch.equal(rows, torch.from_numpy(values[i]))
+        # One descriptor, and one more for reads past the page cache, for all 40.
+        assert _descriptors_of(path) - before <= 2
+        del leaves, rows
+    assert _descriptors_of(path) == 0
+
+
+def test_exception_arrays_are_found_once_when_read_only_and_afresh_when_written(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "arrays.hdf5"
+    rows = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+    with h5py.File(path, "w") as f:
+        arrays = H5Arrays(f, path)
+        arrays.append("k0.rows", rows)
+        assert arrays.get("k0.rows", torch.float32, (4, 3))[:].shape[0] == 4
+        arrays.append("k0.rows", rows)  # a writer sees what it appended
+        assert torch.equal(arrays.get("k0.rows", torch.float32, (8, 3))[4:], rows)
+    with h5py.File(path, "r") as f:
+        arrays = H5Arrays(f, path)
+        first = arrays.get("k0.rows", torch.float32, (8, 3))
+        assert arrays.get("k0.rows", torch.float32, (8, 3)) is first
+        with pytest.raises(InputError, match="not of shape"):
+            arrays.get("k0.rows", torch.float32, (9, 3))  # still checked for each question

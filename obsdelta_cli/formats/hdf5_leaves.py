@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -74,14 +75,51 @@ def contiguous_span(ds: h5py.Dataset, file_size: int) -> tuple[int, int] | None:
     return int(offset), int(nbytes)
 
 
+def is_bf16(ds: h5py.Dataset) -> bool:
+    """Whether ``ds`` holds bfloat16 bits. Only a 16-bit integer dataset can: the attribute is
+    asked of no other, as looking up an absent one costs more than the rest of a leaf's set-up
+    (a robomimic file has thousands of datasets)."""
+    dtype = ds.dtype
+    return dtype.itemsize == 2 and dtype.kind in "iu" and ds.attrs.get(BF16_ATTR) == "bfloat16"
+
+
+class FileReads:
+    """The descriptor, and the reads past the page cache, that the leaves of one file share:
+    each of a robomimic file's hundreds of datasets would otherwise open the file twice and map
+    it once. Opened at the first read; closed when no leaf holds it any more."""
+
+    def __init__(self, file: Path, read_only: bool) -> None:
+        self.file = file
+        #: Raw reads are made only of a file open read-only: no write can be pending in HDF5.
+        self.read_only = read_only
+        self.fd = -1
+        self.cold: ColdReads | None = None
+        self._opening = threading.Lock()  # leaves are read from the read-ahead thread too
+
+    def open(self) -> tuple[int, ColdReads]:
+        with self._opening:
+            if self.cold is None:
+                self.fd = os.open(self.file, os.O_RDONLY)
+                self.cold = ColdReads(self.fd)
+            return self.fd, self.cold
+
+    def __del__(self) -> None:
+        cold, self.cold = getattr(self, "cold", None), None
+        if cold is not None:
+            cold.close()
+        fd, self.fd = getattr(self, "fd", -1), -1
+        if fd >= 0:
+            os.close(fd)
+
+
 class H5Leaf(LazyLeaf):
     """An h5py dataset read and written by row slices."""
 
-    def __init__(self, ds: h5py.Dataset, file: Path) -> None:
+    def __init__(self, ds: h5py.Dataset, file: Path, reads: FileReads | None = None) -> None:
         self.ds = ds
         self.file = file
         self.shape = tuple(ds.shape)
-        self.bf16 = ds.attrs.get(BF16_ATTR) == "bfloat16"
+        self.bf16 = is_bf16(ds)
         dtype = torch.bfloat16 if self.bf16 else torch_dtype(ds.dtype)
         assert dtype is not None
         self.dtype = dtype
@@ -90,10 +128,8 @@ class H5Leaf(LazyLeaf):
         self.chunk_rows = chunks[0] if chunks else 1
         self._mapped: torch.Tensor | bool | None = None
         self._offset: int | bool | None = None
-        self._fd = -1
-        self._cold: ColdReads | None = None
-        # Asked once: ``ds.file`` makes a new h5py File object, under h5py's lock, per call.
-        self._read_only = ds.file.mode == "r"
+        # ``ds.file`` makes a new h5py File object, under h5py's lock, per call: asked once.
+        self._reads = reads or FileReads(file, ds.file.mode == "r")
 
     def storage_bytes(self) -> int:
         """Bytes the dataset takes in the file, after its filters."""
@@ -112,16 +148,14 @@ class H5Leaf(LazyLeaf):
         ``preadv`` at their offset: the same bytes HDF5 would return, but without holding the
         interpreter lock, so reading overlaps encoding. ``None`` where this does not apply."""
         offset = self._raw_offset()
-        if offset is None or not self._read_only:
+        if offset is None or not self._reads.read_only:
             return None
-        if self._fd < 0:
-            self._fd = os.open(self.file, os.O_RDONLY)
-            self._cold = ColdReads(self._fd)
+        fd, cold = self._reads.open()
         row_bytes = math.prod(self.shape[1:]) * self.ds.dtype.itemsize
         count = max(0, min(stop, self.shape[0]) - start)
         try:
             out = read_exact(
-                self._fd, offset + start * row_bytes, count * row_bytes, str(self.file), self._cold
+                fd, offset + start * row_bytes, count * row_bytes, str(self.file), cold
             )
         except OSError:
             return None  # let HDF5 report it
@@ -137,14 +171,6 @@ class H5Leaf(LazyLeaf):
             if span is not None and self.ds.dtype.byteorder in "=<|":
                 self._offset = span[0]
         return self._offset if self._offset is not False else None
-
-    def __del__(self) -> None:
-        cold, self._cold = getattr(self, "_cold", None), None
-        if cold is not None:
-            cold.close()
-        fd, self._fd = getattr(self, "_fd", -1), -1
-        if fd >= 0:
-            os.close(fd)
 
     def mapped(self) -> torch.Tensor | None:
         """A contiguous, unfiltered dataset mapped read-only (copy on write) from the file, for
@@ -198,6 +224,7 @@ class OpaqueLeaf(LazyLeaf):
 def leaves_of(f: h5py.File, file: Path) -> dict[Key, Any]:
     """Numeric datasets (not obsdelta's own arrays and layouts), keyed by their path."""
     out: dict[Key, Any] = {}
+    reads = FileReads(file, f.mode == "r")
 
     def visit(name: str, obj: Any) -> None:
         if not isinstance(obj, h5py.Dataset):
@@ -205,8 +232,8 @@ def leaves_of(f: h5py.File, file: Path) -> dict[Key, Any]:
         parts = tuple(name.split("/"))
         if parts[:2] in ((OWN, "arrays"), (OWN, "layout")):
             return
-        if obj.ndim and (torch_dtype(obj.dtype) is not None or obj.attrs.get(BF16_ATTR)):
-            out[parts] = H5Leaf(obj, file)
+        if obj.ndim and (torch_dtype(obj.dtype) is not None or is_bf16(obj)):
+            out[parts] = H5Leaf(obj, file, reads)
 
     f.visititems(visit)
     return out
@@ -219,6 +246,12 @@ class H5Arrays(ArrayStore):
         self.f = f
         self.file = file
         self.kwargs = kwargs or {}
+        # Arrays found and checked, by what was asked, in a file open read-only (where they
+        # cannot change): the pairs of a key share two arrays, and each of a robomimic file's
+        # hundreds of pairs asks for both.
+        self._found: dict[tuple[str, torch.dtype, tuple[int, ...]], Any] | None = (
+            {} if f.mode == "r" else None
+        )
 
     def append(self, name: str, rows: torch.Tensor) -> None:
         group = self.f.require_group(f"{OWN}/arrays")
@@ -247,6 +280,14 @@ class H5Arrays(ArrayStore):
         return None if ds is None else int(ds.id.get_storage_size())
 
     def get(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> Any:
+        if self._found is None:
+            return self._get(name, dtype, shape)
+        asked = (name, dtype, tuple(shape))
+        if asked not in self._found:
+            self._found[asked] = self._get(name, dtype, shape)
+        return self._found[asked]
+
+    def _get(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> Any:
         ds = self.f.get(f"{OWN}/arrays/{name}")
         if isinstance(ds, h5py.Dataset) and h5py.check_opaque_dtype(ds.dtype):
             features = tuple(shape[1:])

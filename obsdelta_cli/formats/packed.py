@@ -42,7 +42,15 @@ from ..errors import InputError, UsageError
 from ..filters import FRAME_DELTA, plugins, undo_frame_delta
 from .base import SIDECAR, ArrayStore, Format, Key, Plan, Sink, Source, key_str
 from .hdf5 import is_hdf5
-from .hdf5_leaves import BF16_ATTR, OWN, H5Arrays, H5Leaf, leaves_of, read_rows, torch_dtype
+from .hdf5_leaves import (
+    OWN,
+    H5Arrays,
+    H5Leaf,
+    is_bf16,
+    leaves_of,
+    read_rows,
+    torch_dtype,
+)
 from .hdf5_meta import read_meta
 from .hdf5_objects import attrs_hash, hash_objects
 from .hdf5_safety import Allowed, VirtualMap, check_contained, damaged_file, damaged_pack
@@ -160,7 +168,7 @@ class ColumnsLeaf(LazyLeaf):
     def __init__(self, ds: h5py.Dataset, file: Path, blocks: list[Block]) -> None:
         self.file = file
         self.shape = tuple(ds.shape)
-        bf16 = ds.attrs.get(BF16_ATTR) == "bfloat16"
+        bf16 = is_bf16(ds)
         dtype = torch.bfloat16 if bf16 else torch_dtype(ds.dtype)
         if not ds.is_virtual or len(self.shape) != 2 or dtype is None:
             raise damaged_pack(file, f"{ds.name} is not the virtual dataset the metadata records")
