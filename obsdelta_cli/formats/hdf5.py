@@ -232,7 +232,8 @@ class HDF5Format(Format):
         copy_attrs(src, out)
         if META_ATTR in out.attrs:
             del out.attrs[META_ATTR]
-        dropped = {key_str(k) for k in source.leaves if k not in set(plan.order)}
+        kept = set(plan.order)
+        dropped = {key_str(k) for k in source.leaves if k not in kept}
         fd = _OUTPUT_FDS[id(out)]
         copies = _COPIES[id(out)] = RawCopies(source.path, out, fd)
         streamed = {
