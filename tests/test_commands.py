@@ -4,10 +4,12 @@ Parametrised over codec x source dtype x shape (with nested keys) x container fo
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -400,3 +402,30 @@ def test_verify_reads_a_stored_leaf_once(
     stored.write_bytes(bytes(raw))
     with pytest.raises(DataError, match="stored data"):
         verify(tmp_path / "small")
+
+
+@pytest.mark.parametrize("layout", ["ted-memmap", "robomimic-hdf5"])  # one pair a key; many
+def test_the_lossless_default_reads_only_until_exact_surely_pays(
+    layout: str, tmp_path: Path, hopper: TensorDictBase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = WRITERS[layout](hopper, tmp_path / "in")
+    module = importlib.import_module("obsdelta_cli.commands.compress")
+    measure = module.measure_pair
+    measured: list[int] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        figures = measure(*args, **kwargs)
+        measured.append(figures[0].rows)
+        return figures
+
+    monkeypatch.setattr(module, "measure_pair", counted)
+    keys = compress(src, tmp_path / "small", chunk_mb=0.01).keys
+    # Before encoding, a fraction of the rows was read: enough to know exact pays.
+    assert 0 < sum(measured) < sum(k.rows for k in keys) / 2
+    # Its figures in the result are still those of every row, as a full measurement gives.
+    monkeypatch.setattr(module, "measure_pair", measure)
+    full = report(src, chunk_mb=0.01).keys
+    assert [k.codec for k in keys] == ["exact"] * len(keys)
+    exact = [[c for c in k.candidates or [] if c.codec == "exact"] for k in full]
+    assert [k.candidates for k in keys] == exact  # report shows lossy ones for comparison
+    assert all(c.exception_rows > 0 for k in keys for c in k.candidates or [])

@@ -70,6 +70,20 @@ def key_result(
     )
 
 
+def candidate(key: KeyGroup, codec: Codec, s: ErrorStats) -> Candidate:
+    """``codec``'s figures on the whole of ``key``, as the report lists them."""
+    return Candidate(
+        codec=codec.id,
+        bytes_after=key.bytes_after(codec, s.exception_rows),
+        max_abs_error=s.max_abs_error,
+        rmse=s.rmse,
+        max_rel_error=s.max_rel_error,
+        exact_rows=s.exact_rows,
+        exception_rows=s.exception_rows,
+        feature_max_abs=None if s.feature_max_abs is None else s.feature_max_abs.tolist(),
+    )
+
+
 def measure_key(
     stream: Stream, source: Source, key: KeyGroup, bound: float | None
 ) -> tuple[list[Codec], list[Candidate], list[ErrorStats]]:
@@ -79,20 +93,38 @@ def measure_key(
     for p in key.pairs:
         for total, s in zip(totals, measure_pair(stream, source, p, codecs, bound), strict=True):
             total.merge(s)
-    cands = [
-        Candidate(
-            codec=c.id,
-            bytes_after=key.bytes_after(c, s.exception_rows),
-            max_abs_error=s.max_abs_error,
-            rmse=s.rmse,
-            max_rel_error=s.max_rel_error,
-            exact_rows=s.exact_rows,
-            exception_rows=s.exception_rows,
-            feature_max_abs=None if s.feature_max_abs is None else s.feature_max_abs.tolist(),
-        )
-        for c, s in zip(codecs, totals, strict=True)
-    ]
+    cands = [candidate(key, c, s) for c, s in zip(codecs, totals, strict=True)]
     return codecs, cands, totals
+
+
+def lossless_pays(
+    stream: Stream, source: Source, key: KeyGroup, codec: Codec
+) -> tuple[bool, list[Candidate]]:
+    """Whether the one candidate of a lossless run stores ``key`` in fewer bytes than keeping
+    it raw, reading only until that is certain: its figures only grow with the exception
+    rows, so once even every row left being an exception would still leave it smaller, the
+    rest is not read (usually after a sixth of a Hopper state's rows, a few hundred of an
+    image's), and :data:`FROM_ENCODING` stands for its figures: the encoding pass measures
+    every row. Where it does not pay, the whole key has been read, and its figures are
+    returned."""
+    total = ErrorStats()
+
+    def certain(s: ErrorStats) -> bool:
+        worst = total.exception_rows + s.exception_rows
+        worst += max(0, key.total_rows - total.rows - s.rows)
+        return key.bytes_after(codec, worst) < key.raw_bytes
+
+    for p in key.pairs:
+        (s,) = measure_pair(stream, source, p, [codec], 0.0, lambda f: certain(f[0]))
+        if certain(s):
+            return True, FROM_ENCODING
+        total.merge(s)  # read whole: reading stops only once it is certain
+    pays = key.bytes_after(codec, total.exception_rows) < key.raw_bytes
+    return pays, [candidate(key, codec, total)]
+
+
+#: The candidates of a key measured by its encoding pass, not before it (see lossless_pays).
+FROM_ENCODING: list[Candidate] = []
 
 
 def auto_pick(cands: Sequence[Candidate], raw_bytes: int) -> str | None:
@@ -246,6 +278,11 @@ def compress(
             if chosen is not None:
                 plans.append((key, chosen, None))
                 continue
+            codecs = candidates(key.dtype, bound)
+            if len(codecs) == 1 and codecs[0].lossless:  # the default: exact, or nothing
+                pays, figures = lossless_pays(stream, source, key, codecs[0])
+                plans.append((key, codecs[0] if pays else None, figures))
+                continue
             codecs, cands, _totals = measure_key(stream, source, key, bound)
             pick = auto_pick(cands, key.raw_bytes)
             plans.append((key, next((c for c in codecs if c.id == pick), None), cands))
@@ -345,7 +382,7 @@ def _writer(
                     stored_dtype=None if stored is None else dtype_name(stored),
                     delta_key=None if stored is None else key_str(key.pairs[0].delta_key),
                     max_abs_error_bound=bound,
-                    candidates=cands,
+                    candidates=[candidate(key, c, total)] if cands is FROM_ENCODING else cands,
                 )
             )
         # Objects the container copies whole (HDF5) or keeps beside the leaves (folders),

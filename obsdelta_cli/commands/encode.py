@@ -5,7 +5,7 @@ pass."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,9 +168,15 @@ def _account(stats: ErrorStats, c: Coded, truth: torch.Tensor, block: int) -> No
 
 
 def measure_pair(
-    stream: Stream, source: Source, pair: Pair, codecs: Sequence[Codec], bound: float | None
+    stream: Stream,
+    source: Source,
+    pair: Pair,
+    codecs: Sequence[Codec],
+    bound: float | None,
+    enough: Callable[[list[ErrorStats]], bool] | None = None,
 ) -> list[ErrorStats]:
-    """Figures of every codec on ``pair``, reading it once, writing nothing."""
+    """Figures of every codec on ``pair``, reading it once, writing nothing; reading stops
+    after the first chunk for which ``enough(figures so far)`` is true."""
     stats = [ErrorStats() for _ in codecs]
     successors = any(c.uses_successor for c in codecs)
     for block, _sl, o, n, succ in chunks(stream, source, pair, successors):
@@ -178,4 +184,6 @@ def measure_pair(
             c = code_chunk(codec, o, n, succ, bound)
             s.count(c.verdict)
             s.update(n, c.rebuilt, exceptions=int(c.bad.numel()), same=c.verdict.same, block=block)
+        if enough is not None and enough(stats):
+            break
     return stats
