@@ -49,13 +49,9 @@ def _finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
 @pytest.mark.parametrize("entry", list(ENTRY_POINTS))
 def test_interrupt_at_start_up(entry: str, tmp_path: Path) -> None:
     argv = [*ENTRY_POINTS[entry], "compress", str(SAMPLE / "hopper_ted"), "-o", "out"]
-    # Immediately: before Python runs any code the default action ends it, as a shell's 130.
-    proc = _start(argv, tmp_path)
-    proc.send_signal(signal.SIGINT)
-    code, _, err = _finish(proc)
-    assert code in (130, -signal.SIGINT), err
-    assert "Traceback" not in err
-    # While the libraries load (torch alone takes over a second here): our line.
+    # While the libraries load (torch alone takes over a second here): our line. (A signal
+    # sent at once lands in Python's own start-up, before obsdelta's code: Python decides
+    # what it prints there, see the README.)
     for signum, expected, word in (
         (signal.SIGINT, 130, "interrupted"),
         (signal.SIGTERM, 143, "terminated"),
