@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -22,6 +23,7 @@ from obsdelta_cli import compress, verify
 from obsdelta_cli.errors import DataError
 from obsdelta_cli.formats import FORMATS
 from obsdelta_cli.manifest import FORMAT_VERSION
+from obsdelta_cli.stream import Stream
 
 from .conftest import SAMPLE, Cli, in_the_foreground, tree_hash
 from .test_cli_errors import expect_error
@@ -66,6 +68,7 @@ def _memmap_case(tmp_path: Path, hopper: TensorDictBase, codec: str) -> Path:
         ("exact", "obsdelta.arrays/k0.index.bin", ["next/observation", "index is not increasing"]),
         ("exact", "action.memmap", ["key action", "checksum mismatch"]),
         ("exact", "next/reward.memmap", ["key next/reward", "checksum mismatch"]),
+        ("exact", "observation.memmap", ["key observation", "checksum mismatch in the copied"]),
     ],
 )
 def test_verify_names_the_damaged_leaf(
@@ -75,6 +78,33 @@ def test_verify_names_the_damaged_leaf(
     _flip(small / target, 17)
     expect_error(cli, "verify", small, says=[small, *says])
     expect_error(cli, "inflate", small, "-o", tmp_path / "back", says=[small])
+
+
+@pytest.mark.parametrize("codec", ["exact", "fp16"])
+def test_verify_decodes_packed_observations_once(
+    tmp_path: Path, hopper: TensorDictBase, codec: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _memmap_case(tmp_path, hopper, codec)
+    small = tmp_path / "packed.h5"
+    compress(tmp_path / "in", small, codec=codec, pack=True)
+    copied: list[tuple[int, ...]] = []
+    real = Stream.copy
+
+    def copy(self: Stream, src: Any, dst: Any, algorithm: str) -> str | None:
+        copied.append(tuple(getattr(src, "shape", ())))
+        return real(self, src, dst, algorithm)
+
+    monkeypatch.setattr(Stream, "copy", copy)
+    assert verify(small).ok
+    # Every other leaf is hashed on its own; the observations, which a packed file stores
+    # filtered, only from the reads that rebuild the next ones.
+    assert copied and tuple(hopper["observation"].shape) not in copied
+    # And their damage is still found, and named.
+    with h5py.File(small, "r+") as f:
+        ds = f["observation"]
+        ds[7] = ds[7] + 1.0
+    with pytest.raises(DataError, match=r"observation.*checksum mismatch in the copied data"):
+        verify(small)
 
 
 def test_verify_damaged_hdf5(cli: Cli, tmp_path: Path) -> None:
