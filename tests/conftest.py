@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,18 @@ def in_the_foreground() -> None:
     Ctrl-C; one started in the background (as this test run may be) inherits SIGINT ignored,
     which obsdelta respects."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[int, str, str]:
+    """Wait for ``proc``: its exit code, stdout and stderr. If it has not ended in ``timeout``
+    seconds, fail with the stacks of its threads (it must run with ``faulthandler``, which
+    prints them on SIGABRT)."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        pytest.fail(f"still running after {timeout} s:\n{proc.communicate(timeout=60)[1]}")
+    return proc.returncode, out, err
 
 
 def tree_hash(path: Path) -> str:

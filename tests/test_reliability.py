@@ -25,7 +25,7 @@ from obsdelta_cli.formats import FORMATS
 from obsdelta_cli.manifest import FORMAT_VERSION
 from obsdelta_cli.stream import Stream
 
-from .conftest import SAMPLE, Cli, in_the_foreground, tree_hash
+from .conftest import SAMPLE, Cli, finish, in_the_foreground, tree_hash
 from .test_cli_errors import expect_error
 from .writers import WRITERS
 
@@ -169,16 +169,6 @@ def _start(src: Path, out: Path) -> subprocess.Popen[str]:
     )
 
 
-def _stderr_of(proc: subprocess.Popen[str], timeout: float) -> str:
-    """What ``proc`` printed on stderr once it ended; if it has not ended in ``timeout``
-    seconds, fail with the stacks of its threads (``faulthandler``, on SIGABRT)."""
-    try:
-        return proc.communicate(timeout=timeout)[1]
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGABRT)
-        pytest.fail(f"still running after {timeout} s:\n{proc.communicate(timeout=60)[1]}")
-
-
 def _traces(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if ".obsdelta-" in p.name)
 
@@ -196,7 +186,7 @@ def test_sigterm_and_sigint_leave_nothing(
     _wait_for_writing(proc, tmp_path)
     assert proc.poll() is None, "finished before it could be interrupted; use a bigger input"
     proc.send_signal(signum)
-    stderr = _stderr_of(proc, 60)
+    stderr = finish(proc, 60)[2]
     assert proc.returncode == (143 if signum == signal.SIGTERM else 130)
     assert stderr.strip().startswith("obsdelta: ") and len(stderr.strip().splitlines()) == 1
     assert not out.exists() and _traces(tmp_path) == []

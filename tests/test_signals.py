@@ -16,7 +16,7 @@ from tensordict import TensorDict
 
 from obsdelta_cli import verify
 
-from .conftest import SAMPLE, in_the_foreground, load_sample
+from .conftest import SAMPLE, finish, in_the_foreground, load_sample
 
 ENTRY_POINTS = {
     "script": [str(Path(sys.executable).with_name("obsdelta"))],
@@ -33,17 +33,8 @@ def _start(argv: list[str], cwd: Path) -> subprocess.Popen[str]:
         text=True,
         start_new_session=True,  # its own process group, as a shell gives a job
         preexec_fn=in_the_foreground,
-        env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # stacks on SIGABRT, see _finish
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # stacks on SIGABRT, see finish
     )
-
-
-def _finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
-    try:
-        out, err = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGABRT)
-        pytest.fail(f"still running after 120 s:\n{proc.communicate(timeout=60)[1]}")
-    return proc.returncode, out, err
 
 
 @pytest.mark.parametrize("entry", list(ENTRY_POINTS))
@@ -59,7 +50,7 @@ def test_interrupt_at_start_up(entry: str, tmp_path: Path) -> None:
         proc = _start(argv, tmp_path)
         time.sleep(0.4)
         proc.send_signal(signum)
-        code, out, err = _finish(proc)
+        code, out, err = finish(proc)
         assert code == expected, err
         assert "Traceback" not in err and err.count("\n") == 1 and word in err, err
         assert out == ""
@@ -82,7 +73,7 @@ def test_interrupt_in_generated_code_still_exits_130_under_python_m(tmp_path: Pa
         "    _stopped(exc)\n"
     )
     proc = _start([sys.executable, "-m", "interrupted_in_exec"], tmp_path)
-    code, out, err = _finish(proc)
+    code, out, err = finish(proc)
     assert code == 130, err
     assert err == "obsdelta: interrupted; no partial output was left\n" and out == ""
 
@@ -221,7 +212,7 @@ def test_interrupt_mid_batch(
         os.killpg(proc.pid, signum)  # what Ctrl-C in a terminal does
     else:
         proc.send_signal(signum)
-    code, _, err = _finish(proc)
+    code, _, err = finish(proc)
     assert code == expected, err
     assert "Traceback" not in err, err
     assert "of 6 inputs" in err and "no partial output was left" in err, err
@@ -246,7 +237,7 @@ def test_a_killed_worker_fails_its_inputs_in_one_line_each_and_leaves_nothing(
         time.sleep(0.005)
     assert writing, "no worker started writing"
     os.kill(int(writing[0].name.rsplit("-", 1)[1]), signal.SIGKILL)
-    code, _, err = _finish(proc)
+    code, _, err = finish(proc)
     assert code == 1, err
     assert "Traceback" not in err, err
     lost = [line for line in err.splitlines() if "a worker process was killed" in line]
@@ -266,7 +257,7 @@ def test_interrupt_before_any_output_leaves_no_folder(inputs: list[Path], tmp_pa
         time.sleep(0.01)
     assert out.is_dir()  # the folder is made up front, so that workers can write into it
     proc.send_signal(signal.SIGINT)
-    code, _, err = _finish(proc)
+    code, _, err = finish(proc)
     assert code == 130 and "Traceback" not in err, err
     assert not out.exists()
 
