@@ -132,7 +132,7 @@ FILTERS: dict[str, Filter] = {
 
 
 @functools.cache
-def _hdf5_library() -> Any:
+def hdf5_library() -> Any:
     """The HDF5 library h5py runs on (found among the process's mapped files, Linux), for a
     call h5py does not wrap; ``None`` where it is not found."""
     try:
@@ -156,7 +156,7 @@ def minimal_headers(f: h5py.File) -> None:
     per dataset, which counts in small packed files and in robomimic's thousands of
     datasets. An attribute added later still fits (in a continuation block). Where the call
     cannot be made, headers keep their usual size."""
-    lib = _hdf5_library()
+    lib = hdf5_library()
     if lib is not None:
         lib.H5Fset_dset_no_attrs_hint(f.id.id, True)
 

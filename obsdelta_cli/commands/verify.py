@@ -9,7 +9,7 @@ from pathlib import Path
 from ..checksum import Hasher
 from ..errors import DataError, ObsdeltaError
 from ..formats import Format, Key, Source, detect, disk_size, key_str
-from ..manifest import Manifest
+from ..manifest import HASH_ALGORITHM, Manifest
 from ..rebuild import StoredPair, stored_pairs
 from ..report import DatasetResult
 from ..stream import Geometry, Stream, ahead
@@ -145,20 +145,22 @@ def check_dataset(
     """Check every recorded hash of a compressed source; raise on the first bad leaf."""
     stored = stored_pairs(source, manifest)
     check_leaves(source, manifest)
-    if manifest.version >= 2:
-        check_objects(fmt, source, manifest)
     stream = stream_for(source, manifest.time_dim, chunk_mb)
     # Observations that cannot be hashed as stored (a packed file's, decoded as they are read)
     # are hashed from the reads that rebuild the next observations, not decoded a second
-    # time, where every row is valid. Those of a file hashed as stored are not: that pass
+    # time, where every row is valid: against their leaf checksum, or the hash of values
+    # that stands for their object. Those of a file hashed as stored are not: that pass
     # reads the page cache at memory speed and runs beside the rebuild.
-    with_pair = {
-        key_str(p.pair.obs_key)
-        for p in stored
-        if key_str(p.pair.obs_key) in manifest.checksums
-        and getattr(source.leaves[p.pair.obs_key], "feed", None) is None
-        and _all_valid(stream.geometry(source.leaves[p.pair.obs_key]))
-    }
+    values = fmt.value_hashes(source) if manifest.hash_algorithm == HASH_ALGORITHM else {}
+    expected = {**values, **manifest.checksums}
+    fused: dict[str, str] = {}
+    for pair in (s.pair for s in stored):
+        name, leaf = key_str(pair.obs_key), source.leaves[pair.obs_key]
+        feed = getattr(leaf, "feed", None)
+        if name in expected and feed is None and _all_valid(stream.geometry(leaf)):
+            fused[name] = expected[name]
+    if manifest.version >= 2:
+        check_objects(fmt, source, manifest, later=frozenset(fused.keys() & values.keys()))
     for name in manifest.checksums:
         key = tuple(name.split("/"))
         leaf = source.leaves.get(key)
@@ -169,13 +171,11 @@ def check_dataset(
                 key=name,
                 hint="the compressed dataset is damaged or was edited",
             )
-        if name not in with_pair:
+        if name not in fused:
             found = stream.copy(leaf, None, manifest.hash_algorithm)
             expect_leaf(manifest, key, found, source.path)
     for s in stored:
-        name = key_str(s.pair.obs_key)
-        fused = manifest.checksums[name] if name in with_pair else None
-        check_pair(source, stream, s, manifest.hash_algorithm, fused)
+        check_pair(source, stream, s, manifest.hash_algorithm, fused.get(key_str(s.pair.obs_key)))
     return stored
 
 

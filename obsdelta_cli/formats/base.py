@@ -241,6 +241,13 @@ class Format(ABC):
         hash is taken from it). Default: none, every leaf is hashed as it is copied."""
         return {}
 
+    def value_hashes(self, source: Source) -> dict[str, str]:
+        """xxh3-64 of the values, in row order, of the datasets whose recorded object hash
+        stands for their values (a packed file holds them re-encoded), by name. A reader that
+        hashes such a dataset's values anyway checks them against this, and passes the name to
+        :meth:`object_hashes` in ``known``, so they are not decoded twice. Default: none."""
+        return {}
+
     def bookkeeping(self, source: Source, removed: list[Key]) -> int:
         """Bytes besides their values that leave the container with the ``removed`` leaves
         (HDF5 object headers and emptied groups), for size estimates. Default: none."""

@@ -16,6 +16,7 @@ import torch
 from ..errors import InputError
 from .base import ArrayStore, Key
 from .direct import ColdReads
+from .hdf5_chunks import DirectChunks
 from .leaf import FlatRows, LazyLeaf, read_exact
 
 MAGIC = b"\x89HDF\r\n\x1a\n"
@@ -103,6 +104,10 @@ class FileReads:
                 self.cold = ColdReads(self.fd)
             return self.fd, self.cold
 
+    def descriptor(self) -> int:
+        """The shared descriptor, opened at the first call."""
+        return self.open()[0]
+
     def __del__(self) -> None:
         cold, self.cold = getattr(self, "cold", None), None
         if cold is not None:
@@ -128,6 +133,7 @@ class H5Leaf(LazyLeaf):
         self.chunk_rows = chunks[0] if chunks else 1
         self._mapped: torch.Tensor | bool | None = None
         self._offset: int | bool | None = None
+        self._chunked: DirectChunks | bool | None = None
         # ``ds.file`` makes a new h5py File object, under h5py's lock, per call: asked once.
         self._reads = reads or FileReads(file, ds.file.mode == "r")
 
@@ -139,9 +145,22 @@ class H5Leaf(LazyLeaf):
         raw = self._raw_rows(start, stop)
         if raw is not None:
             return raw
-        array = read_rows(self.ds, slice(start, stop), self.file, f"rows {start}:{stop}")
+        chunked = self.direct_chunks()
+        array = None if chunked is None else chunked.rows(start, stop)
+        if array is None:
+            array = read_rows(self.ds, slice(start, stop), self.file, f"rows {start}:{stop}")
         t = torch.from_numpy(array)
         return t.view(torch.bfloat16) if self.bf16 else t
+
+    def direct_chunks(self) -> DirectChunks | None:
+        """The dataset's chunks decoded outside HDF5, on every core, where that applies (a
+        filtered, chunked dataset of a file open read-only; see :mod:`.hdf5_chunks`)."""
+        if self._chunked is None:
+            chunked = None
+            if self._reads.read_only and self.ds.chunks is not None:
+                chunked = DirectChunks.of(self.ds, self.file, self._reads.descriptor)
+            self._chunked = chunked if chunked is not None else False
+        return self._chunked if isinstance(self._chunked, DirectChunks) else None
 
     def _raw_rows(self, start: int, stop: int) -> torch.Tensor | None:
         """Rows of a contiguous, unfiltered dataset of a file open read-only, read with

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +42,10 @@ from ..errors import InputError, UsageError
 from ..filters import FRAME_DELTA, plugins, undo_frame_delta
 from .base import SIDECAR, ArrayStore, Format, Key, Plan, Sink, Source, key_str
 from .hdf5 import is_hdf5
+from .hdf5_chunks import DirectChunks
 from .hdf5_leaves import (
     OWN,
+    FileReads,
     H5Arrays,
     H5Leaf,
     is_bf16,
@@ -111,26 +113,40 @@ class PackedLeaf(LazyLeaf):
         chunk_bytes = self.chunk_rows * math.prod(self.shape[1:])
         self._room = max(1, cache_bytes // max(1, chunk_bytes))
         self._decoded: OrderedDict[int, np.ndarray] = OrderedDict()
+        whole = ds.chunks is not None and tuple(ds.chunks[1:]) == self.shape[1:]
+        reads = FileReads(file, read_only=True)
+        self._direct = DirectChunks.of(ds, file, reads.descriptor) if whole else None
 
-    def _chunk(self, index: int) -> np.ndarray:
-        hit = self._decoded.get(index)
-        if hit is not None:
+    def _chunks(self, indices: Sequence[int]) -> list[np.ndarray]:
+        """Chunks ``indices``, the deltas undone: those not kept are decoded on every core."""
+        found = {i: self._decoded[i] for i in indices if i in self._decoded}
+        missing = [i for i in indices if i not in found]
+        if missing and self._direct is not None:
+            for index, frames in zip(
+                missing, self._direct.whole(missing, undo_frame_delta), strict=True
+            ):
+                if frames is not None:
+                    found[index] = frames
+        out = []
+        for index in indices:
+            frames = found.get(index)
+            if frames is None:  # left to HDF5
+                start = index * self.chunk_rows
+                rows = slice(start, start + self.chunk_rows)
+                frames = undo_frame_delta(read_rows(self.ds, rows, self.file, "a chunk"))
+            self._decoded[index] = frames
             self._decoded.move_to_end(index)
-            return hit
-        start = index * self.chunk_rows
-        raw = read_rows(self.ds, slice(start, start + self.chunk_rows), self.file, "a chunk")
-        frames = undo_frame_delta(raw)
-        self._decoded[index] = frames
-        if len(self._decoded) > self._room:
-            self._decoded.popitem(last=False)
-        return frames
+            if len(self._decoded) > self._room:
+                self._decoded.popitem(last=False)
+            out.append(frames)
+        return out
 
     def read(self, start: int, stop: int) -> torch.Tensor:
         stop = min(stop, self.shape[0])
         if stop <= start:
             return torch.empty((0, *self.shape[1:]), dtype=torch.uint8)
         first, last = start // self.chunk_rows, (stop - 1) // self.chunk_rows
-        parts = [self._chunk(i) for i in range(first, last + 1)]
+        parts = self._chunks(range(first, last + 1))
         block = parts[0] if len(parts) == 1 else np.concatenate(parts)
         offset = first * self.chunk_rows
         return torch.from_numpy(np.ascontiguousarray(block[start - offset : stop - offset]))
@@ -139,9 +155,10 @@ class PackedLeaf(LazyLeaf):
         """Rows ``rows`` (sorted, distinct), decoding each chunk they touch once."""
         out = np.empty((len(rows), *self.shape[1:]), dtype=np.uint8)
         chunk_of = rows // self.chunk_rows
-        for index in np.unique(chunk_of):
+        touched = [int(i) for i in np.unique(chunk_of)]
+        for index, frames in zip(touched, self._chunks(touched), strict=True):
             mask = chunk_of == index
-            out[mask] = self._chunk(int(index))[rows[mask] - index * self.chunk_rows]
+            out[mask] = frames[rows[mask] - index * self.chunk_rows]
         return torch.from_numpy(out)
 
     def storage_bytes(self) -> int:
@@ -196,6 +213,10 @@ class ColumnsLeaf(LazyLeaf):
         if covered != self.shape[1]:
             raise damaged_pack(file, f"the columns of {ds.name} are not all recorded")
         self.blocks = blocks
+        reads = FileReads(file, read_only=True)
+        self._direct = {
+            path: DirectChunks.of(src, file, reads.descriptor) for path, src in self.sources.items()
+        }
         # Reads aligned to the chunks of the source giving most columns touch each once.
         main = max(blocks, key=lambda b: b[1] - b[0])[2]
         chunks = self.sources[main].chunks
@@ -206,10 +227,18 @@ class ColumnsLeaf(LazyLeaf):
         read: dict[str, np.ndarray] = {}
         for start, stop, source, at in self.blocks:
             if source not in read:  # each source once, whatever number of blocks it gives
-                read[source] = read_rows(self.sources[source], rows, self.file, f"{count} rows")
+                read[source] = self._read_source(source, rows, count)
             out[:, start:stop] = read[source][:, at : at + stop - start]
         t = torch.from_numpy(out)
         return t.view(torch.bfloat16) if self.dtype == torch.bfloat16 else t
+
+    def _read_source(self, source: str, rows: Any, count: int) -> np.ndarray:
+        direct = self._direct[source]
+        if isinstance(rows, slice) and direct is not None:
+            block = direct.rows(rows.start, rows.stop)
+            if block is not None:
+                return block
+        return read_rows(self.sources[source], rows, self.file, f"{count} rows")
 
     def read(self, start: int, stop: int) -> torch.Tensor:
         stop = min(stop, self.shape[0])
@@ -399,9 +428,21 @@ class Packed(Format):
         try:
             if info["kind"] == "folder":
                 return _folder_hashes(f, file, info, skip)
-            return _hdf5_hashes(f, file, info, meta or {}, skip)
+            return _hdf5_hashes(f, file, info, meta or {}, skip, known or {})
         except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
             raise damaged_pack(file, f"cannot read an object ({exc})") from None
+
+    def value_hashes(self, source: Source) -> dict[str, str]:
+        """The repacked datasets of an HDF5 inner: their values hash stands for the object."""
+        info = pack_info(source.meta or {}, source.path)
+        if info["kind"] != "hdf5":
+            return {}
+        repacked: dict[str, Any] = info["datasets"]
+        return {
+            name: entry["values"]
+            for name, entry in repacked.items()
+            if isinstance(entry, dict) and isinstance(entry.get("values"), str)
+        }
 
     def create(self, path: Path, source: Source, plan: Plan) -> Sink:
         raise UsageError("a packed file is written by compress --pack", file=path)
@@ -446,7 +487,10 @@ def _hdf5_hashes(
     info: dict[str, Any],
     meta: dict[str, Any],
     skip: Callable[[str], bool],
+    known: Mapping[str, str],
 ) -> dict[str, str]:
+    """An HDF5 inner's objects; a repacked dataset in ``known`` is taken as recorded there
+    (its values are checked as a leaf), the others are read and hashed."""
     repacked: dict[str, Any] = info["datasets"]
     out = hash_objects(f, file, lambda n: n in repacked or skip(n))
     recorded = meta.get("objects") or {}
@@ -458,6 +502,9 @@ def _hdf5_hashes(
             continue  # missing: the caller reports it
         if any(a != TRANSFORM_ATTR for a in ds.attrs):  # the transform mark is the pack's own
             out[f"@{name}"] = attrs_hash(ds, exclude=TRANSFORM_ATTR)
+        if name in known:
+            out[name] = known[name]
+            continue
         leaf = repacked_leaf(f, file, name, entry, 0)
         rows = ds.shape[0] if ds.ndim else 0
         step = max(1, (4 << 20) // max(1, math.prod(ds.shape[1:]) * ds.dtype.itemsize))
