@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -350,3 +351,28 @@ def test_pack_of_a_pt_whose_leaves_share_a_storage(
     assert list(back.keys(True, True)) == list(td.keys(True, True))
     for key, leaf in td.items(True, True):
         assert torch.equal(back[key], leaf), key
+
+
+def test_the_packed_file_goes_to_disk_while_it_is_verified(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from obsdelta_cli import atomic
+    from obsdelta_cli.commands import pack
+
+    events: list[tuple[str, str]] = []
+    real_write_back, real_verify = atomic.write_back, pack.verify_written
+
+    def write_back(path: Path) -> Any:
+        events.append(("write back", path.name))
+        return real_write_back(path)
+
+    def verify_written(path: Path, chunk_mb: float) -> None:
+        events.append(("verify", path.name))
+        real_verify(path, chunk_mb)
+
+    monkeypatch.setattr(pack, "write_back", write_back)
+    monkeypatch.setattr(pack, "verify_written", verify_written)
+    compress(SAMPLE / "hopper_d4rl.hdf5", tmp_path / "p.h5", pack=True)
+    # Handed to the kernel's write-back first, then verified while the disk writes it.
+    assert [e[0] for e in events] == ["write back", "verify"]
+    assert events[0][1] == events[1][1] and events[0][1] != "p.h5"  # its temporary sibling

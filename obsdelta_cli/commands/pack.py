@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..atomic import _dead, _remove, atomic_output, check_output, scratch_folder
+from ..atomic import _dead, _remove, atomic_output, check_output, scratch_folder, write_back
 from ..errors import UsageError
 from ..formats import detect, disk_size
 from ..formats.pack_io import Chooser, pack, unpack
@@ -85,8 +85,10 @@ def compress_packed(
                 fmt.close(source)
         finally:
             _remove(work)
+        writing = write_back(tmp)  # to disk while it is verified
         if verify:
             verify_written(tmp, chunk_mb)
+        writing.join()
     return replace(result, output=str(output), bytes_after=disk_size(output), note="packed")
 
 
