@@ -22,6 +22,7 @@ from obsdelta_cli.filters import (
     chunk_rows,
     compressed_size,
     encode_chunks,
+    frame_delta,
     sample_rows,
     undo_frame_delta,
 )
@@ -122,3 +123,13 @@ def test_frames_pick_frame_deltas(pong: TensorDictBase) -> None:
     per = chunk_rows(frames.shape, 1)
     best, _ = choose([frames[sl] for sl in sample_rows(len(frames), per)], per)
     assert best.transform == "frame-delta"
+
+
+@pytest.mark.parametrize("frames", [0, 1, 2, 31])
+def test_frame_deltas_undo_exactly(pong: TensorDictBase, frames: int) -> None:
+    chunk = pong["pixels"].numpy()[:frames]
+    deltas = frame_delta(chunk)
+    assert deltas.dtype == np.uint8 and deltas.shape == chunk.shape
+    np.testing.assert_array_equal(undo_frame_delta(deltas), chunk)
+    # The same running sum as numpy's, which wraps at 256 too.
+    np.testing.assert_array_equal(undo_frame_delta(deltas), np.cumsum(deltas, 0, dtype=np.uint8))

@@ -3,6 +3,7 @@ the recorded error, obsdelta's own objects gone after inflate, streaming in boun
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -18,11 +19,13 @@ from tensordict import TensorDictBase
 
 from obsdelta_cli import compress, inflate, report
 from obsdelta_cli.errors import InputError
+from obsdelta_cli.formats import hdf5_leaves
 from obsdelta_cli.formats.hdf5 import H5_COMPRESSIONS, read_meta
-from obsdelta_cli.formats.hdf5_leaves import H5Arrays, leaves_of
+from obsdelta_cli.formats.hdf5_leaves import H5Arrays, leaves_of, object_at, objects_of
+from obsdelta_cli.formats.hdf5_objects import hash_objects
 from obsdelta_cli.manifest import FORMAT_VERSION
 
-from .conftest import SAMPLE, Cli, tree_hash
+from .conftest import SAMPLE, Cli, load_sample, tree_hash
 from .test_cli_errors import expect_error
 from .writers import write_d4rl, write_minari, write_robomimic, write_ted_hdf5
 
@@ -391,3 +394,37 @@ def test_exception_arrays_are_found_once_when_read_only_and_afresh_when_written(
         assert arrays.get("k0.rows", torch.float32, (8, 3)) is first
         with pytest.raises(InputError, match="not of shape"):
             arrays.get("k0.rows", torch.float32, (9, 3))  # still checked for each question
+
+
+def test_a_file_open_read_only_is_walked_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Opening a file's leaves, hashing its objects and packing it each walk it: once for a
+    # robomimic file's thousands of objects.
+    path = write_robomimic(load_sample("hopper_ted")[:300], tmp_path / "demos.hdf5")
+    walks: list[str] = []
+    real = h5py.Group.visititems
+
+    def visititems(self: h5py.Group, func: Any) -> Any:
+        walks.append(self.name)
+        return real(self, func)
+
+    monkeypatch.setattr(h5py.Group, "visititems", visititems)
+    with h5py.File(path, "r") as f:
+        expected: list[str] = []
+        real(f, lambda name, obj: expected.append(name))
+        leaves = leaves_of(f, path)
+        hashes = hash_objects(f, path, lambda name: False)
+        assert [name for name, _ in objects_of(f)] == expected
+        assert object_at(f, "data/demo_0/obs") == f["data/demo_0/obs"]
+        assert walks == ["/"] and leaves and hashes
+    with h5py.File(path, "r") as f:  # another File: walked afresh
+        assert [name for name, _ in objects_of(f)] == expected and len(walks) == 2
+        key = id(f)
+    del f
+    gc.collect()
+    assert key not in hdf5_leaves._WALKED  # the walk went with its File
+    with h5py.File(path, "r+") as f:  # open for writing: objects may change, walked each time
+        objects_of(f)
+        f.create_group("added")
+        assert "added" in [name for name, _ in objects_of(f)] and len(walks) == 4

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -240,21 +241,57 @@ class OpaqueLeaf(LazyLeaf):
         self.ds[start : start + len(value)] = raw.view(self.ds.dtype).reshape(-1)
 
 
+#: The objects of files open read-only, walked once each (see objects_of), by ``id`` of the
+#: h5py File: in visiting order, and by path. An entry goes with its File.
+_WALKED: dict[int, tuple[weakref.ref[h5py.File], list[tuple[str, Any]], dict[str, Any]]] = {}
+
+
+def objects_of(f: h5py.File) -> list[tuple[str, Any]]:
+    """Every object below the root (groups and datasets, as h5py objects), by path, in the
+    order ``visititems`` visits them. A file open read-only is walked once: its objects cannot
+    change, and opening its leaves, checking its objects and packing it each need them, while
+    h5py takes about 60 µs to make each object and a robomimic file has thousands."""
+    return _walked(f)[0]
+
+
+def object_at(f: h5py.File, path: str) -> Any:
+    """``f.get(path)`` (no leading slash), from the walk of a file open read-only."""
+    if f.mode != "r":
+        return f.get(path)
+    return _walked(f)[1].get(path)
+
+
+def _walked(f: h5py.File) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
+    if f.mode != "r":
+        found = _walk(f)
+        return found, dict(found)
+    key = id(f)
+    hit = _WALKED.get(key)
+    if hit is None or hit[0]() is not f:
+        found = _walk(f)
+        hit = (weakref.ref(f, lambda _ref: _WALKED.pop(key, None)), found, dict(found))
+        _WALKED[key] = hit
+    return hit[1], hit[2]
+
+
+def _walk(f: h5py.File) -> list[tuple[str, Any]]:
+    found: list[tuple[str, Any]] = []
+    f.visititems(lambda name, obj: found.append((name, obj)))
+    return found
+
+
 def leaves_of(f: h5py.File, file: Path) -> dict[Key, Any]:
     """Numeric datasets (not obsdelta's own arrays and layouts), keyed by their path."""
     out: dict[Key, Any] = {}
     reads = FileReads(file, f.mode == "r")
-
-    def visit(name: str, obj: Any) -> None:
+    for name, obj in objects_of(f):
         if not isinstance(obj, h5py.Dataset):
-            return
+            continue
         parts = tuple(name.split("/"))
         if parts[:2] in ((OWN, "arrays"), (OWN, "layout")):
-            return
+            continue
         if obj.ndim and (torch_dtype(obj.dtype) is not None or is_bf16(obj)):
             out[parts] = H5Leaf(obj, file, reads)
-
-    f.visititems(visit)
     return out
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import xxhash
 
 from .direct import PIECE, ColdReads
-from .hdf5_leaves import META_ATTR, OWN
+from .hdf5_leaves import META_ATTR, OWN, objects_of
 
 
 def hash_objects(
@@ -31,16 +31,13 @@ def hash_objects(
     fd = os.open(file, os.O_RDONLY)
     cold = ColdReads(fd)  # an input checked before it is copied is usually not in memory
     try:
-
-        def visit(name: str, obj: Any) -> None:
+        for name, obj in objects_of(f):
             if name == OWN or name.startswith(f"{OWN}/") or skip(name):
-                return
+                continue
             if isinstance(obj, h5py.Dataset):
                 out[name] = known.get(name) or _raw_hash(obj, fd, cold)
             if len(obj.attrs):  # an attribute added to an object without any is still caught
                 out[f"@{name}"] = attrs_hash(obj)
-
-        f.visititems(visit)
     finally:
         cold.close()
         os.close(fd)

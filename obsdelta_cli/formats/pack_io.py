@@ -46,7 +46,7 @@ from .hdf5 import (
     finish_output,
     new_output,
 )
-from .hdf5_leaves import BF16_ATTR, META_ATTR, OWN, numpy_dtype, torch_dtype
+from .hdf5_leaves import BF16_ATTR, META_ATTR, OWN, numpy_dtype, objects_of, torch_dtype
 from .hdf5_meta import MANIFEST, write_meta
 from .hdf5_safety import damaged_pack
 from .leaf import FileLeaf, LazyLeaf
@@ -253,13 +253,11 @@ def _pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, An
     for name in src.attrs:
         if name != META_ATTR:
             out.attrs.create(name, src.attrs[name], dtype=src.attrs.get_id(name).dtype)
-    repacked: dict[str, h5py.Dataset] = {}
-
-    def find(name: str, obj: Any) -> None:
-        if isinstance(obj, h5py.Dataset) and _repacked(obj, name):
-            repacked[name] = obj
-
-    src.visititems(find)
+    repacked = {
+        name: obj
+        for name, obj in objects_of(src)
+        if isinstance(obj, h5py.Dataset) and _repacked(obj, name)
+    }
     shared = plan_columns(repacked)
 
     def walk(group: h5py.Group, dst: h5py.Group) -> None:

@@ -50,6 +50,7 @@ from .hdf5_leaves import (
     H5Leaf,
     is_bf16,
     leaves_of,
+    object_at,
     read_rows,
     torch_dtype,
 )
@@ -260,7 +261,7 @@ class ColumnsLeaf(LazyLeaf):
 def repacked_leaf(f: h5py.File, file: Path, path: str, entry: Any, cache_bytes: int) -> LazyLeaf:
     """A repacked dataset of an HDF5 inner as a leaf: rebuilt from the sources its manifest
     entry records where its columns are stored once, else as stored."""
-    ds = f.get(path)
+    ds = object_at(f, path)
     if not isinstance(ds, h5py.Dataset):
         raise damaged_pack(file, f"the repacked dataset {path} is missing")
     columns = entry.get("columns") if isinstance(entry, dict) else None
@@ -497,7 +498,7 @@ def _hdf5_hashes(
     for name, entry in repacked.items():
         if skip(name):
             continue
-        ds = f.get(name)
+        ds = object_at(f, name)
         if not isinstance(ds, h5py.Dataset):
             continue  # missing: the caller reports it
         if any(a != TRANSFORM_ATTR for a in ds.attrs):  # the transform mark is the pack's own
