@@ -170,11 +170,20 @@ _pool: ThreadPoolExecutor | None = None
 
 
 def pool() -> ThreadPoolExecutor:
-    """The chunk encoders, started on first use and kept for the process."""
+    """The chunk encoders, started on first use and kept for the process (a forked child
+    starts its own: it has none of the parent's threads)."""
     global _pool
     if _pool is None:
         _pool = ThreadPoolExecutor(workers(), thread_name_prefix="obsdelta-encode")
     return _pool
+
+
+def _forget_pool() -> None:
+    global _pool
+    _pool = None
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 def encode_chunks(

@@ -5,6 +5,7 @@ what is not taken is left to HDF5, and a damaged chunk is one error naming its d
 from __future__ import annotations
 
 import ctypes
+import multiprocessing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -275,3 +276,30 @@ def test_reads_in_order_decode_each_chunk_once(
     rows = direct.rows(200, 290)
     assert rows is not None
     np.testing.assert_array_equal(rows, values[200:290])
+
+
+def _rows_in_child(path: Path, queue: Any) -> None:
+    with h5py.File(path, "r") as f:
+        rows = _direct(f["v"], path).rows(0, 400)
+        queue.put(None if rows is None else rows.tobytes())
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork")
+def test_a_forked_child_decodes_with_threads_of_its_own(
+    tmp_path: Path, hopper: TensorDictBase
+) -> None:
+    # As a DataLoader worker forked after the parent read: the parent's decoding threads do
+    # not exist in the child, which must not hand them its chunks.
+    values = hopper["observation"].numpy()[:400]
+    path = tmp_path / "v.h5"
+    ds = _file(path, values, chunks=(50, 11), **PIPELINES["zstd"])
+    assert _direct(ds, path).rows(0, 400) is not None and hdf5_chunks._pool is not None
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_rows_in_child, args=(path, queue))
+    child.start()
+    child.join(timeout=60)
+    if child.is_alive():
+        child.kill()
+        pytest.fail("the forked child waited on its parent's threads")
+    assert child.exitcode == 0 and queue.get(timeout=5) == values.tobytes()

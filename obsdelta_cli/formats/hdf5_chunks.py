@@ -65,6 +65,16 @@ def decoders() -> ThreadPoolExecutor:
     return _pool
 
 
+def _forget_pool() -> None:
+    # A forked child (a DataLoader worker) has none of the parent's threads: a task given to
+    # the parent's pool would wait forever. It starts its own.
+    global _pool
+    _pool = None
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _zstd_decompressor() -> Any | None:
     """This thread's zstd decompressor; ``None`` without ``zstandard``."""
     if not hasattr(_local, "zstd"):
