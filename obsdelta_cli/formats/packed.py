@@ -114,9 +114,11 @@ class PackedLeaf(LazyLeaf):
         chunk_bytes = self.chunk_rows * math.prod(self.shape[1:])
         self._room = max(1, cache_bytes // max(1, chunk_bytes))
         self._decoded: OrderedDict[int, np.ndarray] = OrderedDict()
+        # Chunks decoded outside HDF5 only from a file open read-only: no write can be pending.
         whole = ds.chunks is not None and tuple(ds.chunks[1:]) == self.shape[1:]
-        reads = FileReads(file, read_only=True)
-        self._direct = DirectChunks.of(ds, file, reads.descriptor) if whole else None
+        reads = FileReads(file, read_only=ds.file.mode == "r")
+        direct = whole and reads.read_only
+        self._direct = DirectChunks.of(ds, file, reads.descriptor) if direct else None
 
     def _chunks(self, indices: Sequence[int]) -> list[np.ndarray]:
         """Chunks ``indices``, the deltas undone: those not kept are decoded on every core."""
@@ -214,9 +216,10 @@ class ColumnsLeaf(LazyLeaf):
         if covered != self.shape[1]:
             raise damaged_pack(file, f"the columns of {ds.name} are not all recorded")
         self.blocks = blocks
-        reads = FileReads(file, read_only=True)
+        reads = FileReads(file, read_only=f.mode == "r")
         self._direct = {
-            path: DirectChunks.of(src, file, reads.descriptor) for path, src in self.sources.items()
+            path: DirectChunks.of(src, file, reads.descriptor) if reads.read_only else None
+            for path, src in self.sources.items()
         }
         # Reads aligned to the chunks of the source giving most columns touch each once.
         main = max(blocks, key=lambda b: b[1] - b[0])[2]
