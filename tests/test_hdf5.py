@@ -423,7 +423,7 @@ def test_a_file_open_read_only_is_walked_once(
         key = id(f)
     del f
     gc.collect()
-    assert key not in hdf5_leaves._WALKED  # the walk went with its File
+    assert key not in hdf5_leaves._SHARED  # the walk went with its File
     with h5py.File(path, "r+") as f:  # open for writing: objects may change, walked each time
         objects_of(f)
         f.create_group("added")

@@ -4,6 +4,7 @@ from, verified, predicted by ``report --pack`` and inflated back to the original
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import torch
 from tensordict import TensorDictBase
 
 from obsdelta_cli import compress, inflate, open_dataset, report, verify
+from obsdelta_cli.commands.common import open_input
 from obsdelta_cli.errors import DataError, ObsdeltaError
 from obsdelta_cli.filters import MIN_PACK_BYTES
 from obsdelta_cli.formats import detect
@@ -24,7 +26,7 @@ from obsdelta_cli.formats.packed import NAME, TRANSFORM_ATTR
 from obsdelta_cli.manifest import FORMAT_VERSION
 
 from .conftest import SAMPLE, Cli, tree_hash
-from .writers import write_memmap, write_minari, write_pt, write_ted_hdf5
+from .writers import write_memmap, write_minari, write_pt, write_robomimic, write_ted_hdf5
 
 INPUTS = ["ted-memmap", "ted-pt", "torchrl-rb", "d4rl-hdf5", "robomimic-hdf5", "ted-hdf5"]
 SAMPLES = {
@@ -376,3 +378,34 @@ def test_the_packed_file_goes_to_disk_while_it_is_verified(
     # Handed to the kernel's write-back first, then verified while the disk writes it.
     assert [e[0] for e in events] == ["write back", "verify"]
     assert events[0][1] == events[1][1] and events[0][1] != "p.h5"  # its temporary sibling
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts descriptors in /proc")
+def test_the_datasets_of_a_packed_file_share_its_descriptors(
+    tmp_path: Path, hopper: TensorDictBase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each repacked dataset decoded outside HDF5 opened the file once: a robomimic file of a
+    # thousand demos would run out of descriptors.
+    from obsdelta_cli import filters
+    from obsdelta_cli.formats import hdf5_chunks
+
+    monkeypatch.setattr(filters, "CHUNK_BYTES", 512)  # several chunks a dataset
+    monkeypatch.setattr(hdf5_chunks, "MIN_CHUNK_BYTES", 0)  # all of them decoded outside HDF5
+    packed = tmp_path / "packed.h5"
+    compress(write_robomimic(hopper[:600], tmp_path / "demos.hdf5"), packed, pack=True)
+    fmt, source = open_input(packed)
+    try:
+        before = _descriptors_of(packed)
+        for leaf in source.leaves.values():
+            if hasattr(leaf, "read"):
+                leaf.read(0, leaf.shape[0])
+        # One descriptor, and one more for reads past the page cache, for all of them.
+        assert _descriptors_of(packed) - before <= 2
+    finally:
+        fmt.close(source)
+    assert verify(packed).ok
+
+
+def _descriptors_of(path: Path) -> int:
+    fds = Path("/proc/self/fd")
+    return sum(1 for fd in fds.iterdir() if os.path.realpath(fd) == str(path.resolve()))

@@ -241,9 +241,56 @@ class OpaqueLeaf(LazyLeaf):
         self.ds[start : start + len(value)] = raw.view(self.ds.dtype).reshape(-1)
 
 
-#: The objects of files open read-only, walked once each (see objects_of), by ``id`` of the
-#: h5py File: in visiting order, and by path. An entry goes with its File.
-_WALKED: dict[int, tuple[weakref.ref[h5py.File], list[tuple[str, Any]], dict[str, Any]]] = {}
+class _Shared:
+    """What the readers of one h5py File open read-only share: its descriptor and reads (see
+    FileReads), and the walk of its objects, each made at the first call that needs it."""
+
+    def __init__(self, f: h5py.File) -> None:
+        # Held by the leaves, not here: the descriptor closes when no leaf holds it any more.
+        self._reads: weakref.ref[FileReads] | None = None
+        self._file = weakref.ref(f)  # not kept alive by this: the entry goes with it
+        self._objects: list[tuple[str, Any]] | None = None
+        self._at: dict[str, Any] | None = None
+
+    def reads(self) -> FileReads:
+        reads = None if self._reads is None else self._reads()
+        if reads is None:
+            f = self._file()
+            assert f is not None  # asked through the File itself
+            reads = FileReads(Path(f.filename), read_only=True)
+            self._reads = weakref.ref(reads)
+        return reads
+
+    def objects(self) -> list[tuple[str, Any]]:
+        if self._objects is None:
+            f = self._file()
+            assert f is not None  # asked through the File itself
+            self._objects = _walk(f)
+        return self._objects
+
+    def at(self, path: str) -> Any:
+        if self._at is None:
+            self._at = dict(self.objects())
+        return self._at.get(path)
+
+
+#: By ``id`` of the h5py File open read-only; an entry goes with its File.
+_SHARED: dict[int, tuple[weakref.ref[h5py.File], _Shared]] = {}
+
+
+def _shared(f: h5py.File) -> _Shared:
+    key = id(f)
+    hit = _SHARED.get(key)
+    if hit is None or hit[0]() is not f:
+        hit = (weakref.ref(f, lambda _ref: _SHARED.pop(key, None)), _Shared(f))
+        _SHARED[key] = hit
+    return hit[1]
+
+
+def file_reads(f: h5py.File) -> FileReads:
+    """The reads every leaf of ``f`` shares: one descriptor for a file's hundreds of datasets.
+    A file open for writing gets reads that make no raw read (a write may be pending)."""
+    return _shared(f).reads() if f.mode == "r" else FileReads(Path(f.filename), read_only=False)
 
 
 def objects_of(f: h5py.File) -> list[tuple[str, Any]]:
@@ -251,27 +298,12 @@ def objects_of(f: h5py.File) -> list[tuple[str, Any]]:
     order ``visititems`` visits them. A file open read-only is walked once: its objects cannot
     change, and opening its leaves, checking its objects and packing it each need them, while
     h5py takes about 60 µs to make each object and a robomimic file has thousands."""
-    return _walked(f)[0]
+    return _shared(f).objects() if f.mode == "r" else _walk(f)
 
 
 def object_at(f: h5py.File, path: str) -> Any:
     """``f.get(path)`` (no leading slash), from the walk of a file open read-only."""
-    if f.mode != "r":
-        return f.get(path)
-    return _walked(f)[1].get(path)
-
-
-def _walked(f: h5py.File) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
-    if f.mode != "r":
-        found = _walk(f)
-        return found, dict(found)
-    key = id(f)
-    hit = _WALKED.get(key)
-    if hit is None or hit[0]() is not f:
-        found = _walk(f)
-        hit = (weakref.ref(f, lambda _ref: _WALKED.pop(key, None)), found, dict(found))
-        _WALKED[key] = hit
-    return hit[1], hit[2]
+    return _shared(f).at(path) if f.mode == "r" else f.get(path)
 
 
 def _walk(f: h5py.File) -> list[tuple[str, Any]]:
@@ -283,7 +315,7 @@ def _walk(f: h5py.File) -> list[tuple[str, Any]]:
 def leaves_of(f: h5py.File, file: Path) -> dict[Key, Any]:
     """Numeric datasets (not obsdelta's own arrays and layouts), keyed by their path."""
     out: dict[Key, Any] = {}
-    reads = FileReads(file, f.mode == "r")
+    reads = file_reads(f)
     for name, obj in objects_of(f):
         if not isinstance(obj, h5py.Dataset):
             continue

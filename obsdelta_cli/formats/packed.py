@@ -48,6 +48,7 @@ from .hdf5_leaves import (
     FileReads,
     H5Arrays,
     H5Leaf,
+    file_reads,
     is_bf16,
     leaves_of,
     object_at,
@@ -106,7 +107,7 @@ class PackedLeaf(LazyLeaf):
     """A dataset holding frame deltas, read by whole chunks with the deltas undone; the last
     chunks decoded are kept (up to ``cache_bytes``) for random access."""
 
-    def __init__(self, ds: h5py.Dataset, file: Path, cache_bytes: int) -> None:
+    def __init__(self, ds: h5py.Dataset, file: Path, cache_bytes: int, reads: FileReads) -> None:
         self.ds, self.file = ds, file
         self.shape = tuple(ds.shape)
         self.dtype = torch.uint8
@@ -116,7 +117,6 @@ class PackedLeaf(LazyLeaf):
         self._decoded: OrderedDict[int, np.ndarray] = OrderedDict()
         # Chunks decoded outside HDF5 only from a file open read-only: no write can be pending.
         whole = ds.chunks is not None and tuple(ds.chunks[1:]) == self.shape[1:]
-        reads = FileReads(file, read_only=ds.file.mode == "r")
         direct = whole and reads.read_only
         self._direct = DirectChunks.of(ds, file, reads.descriptor) if direct else None
 
@@ -171,21 +171,22 @@ class PackedLeaf(LazyLeaf):
         raise UsageError("a packed file is read-only", file=self.file)
 
 
-def packed_leaf(ds: h5py.Dataset, file: Path, cache_bytes: int) -> LazyLeaf:
-    """A packed dataset as a leaf, its transform undone as it is read."""
+def packed_leaf(ds: h5py.Dataset, file: Path, cache_bytes: int, reads: FileReads) -> LazyLeaf:
+    """A packed dataset as a leaf, its transform undone as it is read; ``reads``: those its
+    file's leaves share (:func:`~.hdf5_leaves.file_reads`)."""
     transform = ds.attrs.get(TRANSFORM_ATTR)
     if transform is None:
-        return H5Leaf(ds, file)
+        return H5Leaf(ds, file, reads)
     if transform != FRAME_DELTA or ds.dtype != np.uint8:
         raise damaged_pack(file, f"{ds.name} holds values transformed in an unknown way")
-    return PackedLeaf(ds, file, cache_bytes)
+    return PackedLeaf(ds, file, cache_bytes, reads)
 
 
 class ColumnsLeaf(LazyLeaf):
     """A deduplicated dataset read from its sources as the manifest records them (the file's
     own mappings were checked against the record when it was opened, and are not followed)."""
 
-    def __init__(self, ds: h5py.Dataset, file: Path, blocks: list[Block]) -> None:
+    def __init__(self, f: h5py.File, ds: h5py.Dataset, file: Path, blocks: list[Block]) -> None:
         self.file = file
         self.shape = tuple(ds.shape)
         bf16 = is_bf16(ds)
@@ -194,7 +195,6 @@ class ColumnsLeaf(LazyLeaf):
             raise damaged_pack(file, f"{ds.name} is not the virtual dataset the metadata records")
         self.dtype = dtype
         self.np_dtype = ds.dtype
-        f = ds.file
         self.sources: dict[str, h5py.Dataset] = {}
         covered = 0
         for start, stop, source, at in blocks:
@@ -216,7 +216,7 @@ class ColumnsLeaf(LazyLeaf):
         if covered != self.shape[1]:
             raise damaged_pack(file, f"the columns of {ds.name} are not all recorded")
         self.blocks = blocks
-        reads = FileReads(file, read_only=f.mode == "r")
+        reads = file_reads(f)
         self._direct = {
             path: DirectChunks.of(src, file, reads.descriptor) if reads.read_only else None
             for path, src in self.sources.items()
@@ -269,8 +269,8 @@ def repacked_leaf(f: h5py.File, file: Path, path: str, entry: Any, cache_bytes: 
         raise damaged_pack(file, f"the repacked dataset {path} is missing")
     columns = entry.get("columns") if isinstance(entry, dict) else None
     if columns is None:  # a virtual dataset the metadata does not record was refused on open
-        return packed_leaf(ds, file, cache_bytes)
-    return ColumnsLeaf(ds, file, parse_blocks(columns, file, path))
+        return packed_leaf(ds, file, cache_bytes, file_reads(f))
+    return ColumnsLeaf(f, ds, file, parse_blocks(columns, file, path))
 
 
 def virtual_record(info: dict[str, Any], file: Path) -> Allowed:
@@ -375,8 +375,8 @@ class Packed(Format):
             raise
         return Source(path, leaves, batch_dims, meta, valid, arrays=arrays, handle=f)
 
-    def _leaf(self, ds: h5py.Dataset, path: Path) -> LazyLeaf:
-        return packed_leaf(ds, path, self.cache_bytes)
+    def _leaf(self, f: h5py.File, ds: h5py.Dataset, path: Path) -> LazyLeaf:
+        return packed_leaf(ds, path, self.cache_bytes, file_reads(f))
 
     def _hdf5_leaves(self, f: h5py.File, path: Path, info: dict[str, Any]) -> dict[Key, Any]:
         repacked: dict[str, Any] = info["datasets"]
@@ -388,7 +388,7 @@ class Packed(Format):
             if name in repacked:
                 out[key] = repacked_leaf(f, path, name, repacked[name], self.cache_bytes)
             else:
-                out[key] = self._leaf(leaf.ds, path)
+                out[key] = self._leaf(f, leaf.ds, path)
         return out
 
     def _folder_leaves(self, f: h5py.File, path: Path, info: dict[str, Any]) -> dict[Key, Any]:
@@ -399,7 +399,7 @@ class Packed(Format):
                 ds = f.get(key_str(key))
                 if not isinstance(ds, h5py.Dataset) or torch_dtype(ds.dtype) is None:
                     raise damaged_pack(path, f"leaf {key_str(key)} is missing")
-                leaves[key] = self._leaf(ds, path)
+                leaves[key] = self._leaf(f, ds, path)
             elif kind == "empty":
                 dtype = getattr(torch, str(entry["dtype"]), None)
                 if not isinstance(dtype, torch.dtype):
