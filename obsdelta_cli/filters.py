@@ -166,24 +166,33 @@ def workers() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
 
 
-_pool: ThreadPoolExecutor | None = None
+class ThreadsPerCore:
+    """A pool of threads, one per core (:func:`workers`), started on first use and kept for
+    the process. A forked child (a DataLoader worker) has none of the parent's threads, so a
+    task given to the parent's pool would wait forever: it starts its own."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._pool: ThreadPoolExecutor | None = None
+        self._starting = threading.Lock()  # asked from several threads
+        os.register_at_fork(after_in_child=self._forget)
+
+    def __call__(self) -> ThreadPoolExecutor:
+        with self._starting:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(workers(), thread_name_prefix=self.name)
+            return self._pool
+
+    @property
+    def started(self) -> bool:
+        return self._pool is not None
+
+    def _forget(self) -> None:
+        self._pool, self._starting = None, threading.Lock()
 
 
-def pool() -> ThreadPoolExecutor:
-    """The chunk encoders, started on first use and kept for the process (a forked child
-    starts its own: it has none of the parent's threads)."""
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(workers(), thread_name_prefix="obsdelta-encode")
-    return _pool
-
-
-def _forget_pool() -> None:
-    global _pool
-    _pool = None
-
-
-os.register_at_fork(after_in_child=_forget_pool)
+#: The chunk encoders.
+pool = ThreadsPerCore("obsdelta-encode")
 
 
 def encode_chunks(

@@ -293,7 +293,7 @@ def test_a_forked_child_decodes_with_threads_of_its_own(
     values = hopper["observation"].numpy()[:400]
     path = tmp_path / "v.h5"
     ds = _file(path, values, chunks=(50, 11), **PIPELINES["zstd"])
-    assert _direct(ds, path).rows(0, 400) is not None and hdf5_chunks._pool is not None
+    assert _direct(ds, path).rows(0, 400) is not None and hdf5_chunks.decoders.started
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
     child = context.Process(target=_rows_in_child, args=(path, queue))

@@ -18,13 +18,14 @@ or reported as damage.
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import math
 import os
 import threading
 import zlib
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ import h5py
 import numpy as np
 
 from ..errors import InputError
-from ..filters import ZSTD_FILTER, hdf5_library, workers
+from ..filters import ZSTD_FILTER, ThreadsPerCore, hdf5_library
 
 DEFLATE = int(h5py.h5z.FILTER_DEFLATE)
 SHUFFLE = int(h5py.h5z.FILTER_SHUFFLE)
@@ -53,29 +54,9 @@ Region = tuple[slice, ...]
 Stored = tuple[int, int, int]
 
 _local = threading.local()
-_pool: ThreadPoolExecutor | None = None
-_starting = threading.Lock()  # leaves are read from several threads
-
-
-def decoders() -> ThreadPoolExecutor:
-    """The chunk decoders, one per core, started on first use and kept for the process. Not
-    the encoders' pool: a read waiting behind queued encodes (``--pack`` reads while it
-    encodes) would stall both."""
-    global _pool
-    with _starting:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(workers(), thread_name_prefix="obsdelta-decode")
-        return _pool
-
-
-def _forget_pool() -> None:
-    # A forked child (a DataLoader worker) has none of the parent's threads: a task given to
-    # the parent's pool would wait forever. It starts its own.
-    global _pool, _starting
-    _pool, _starting = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_pool)
+#: The chunk decoders. Not the encoders' pool: a read waiting behind queued encodes
+#: (``--pack`` reads while it encodes) would stall both.
+decoders = ThreadsPerCore("obsdelta-decode")
 
 
 def _zstd_decompressor() -> Any | None:
@@ -132,6 +113,12 @@ def unshuffle(data: bytes | memoryview | np.ndarray, itemsize: int) -> np.ndarra
         elements[:, k] = raw[k * n : (k + 1) * n]
     out[n * itemsize :] = raw[n * itemsize :]
     return out
+
+
+def _rows_then(
+    chunk: np.ndarray, *, rows: int, post: Callable[[np.ndarray], np.ndarray]
+) -> np.ndarray:
+    return post(chunk[:rows])
 
 
 class DirectChunks:
@@ -245,21 +232,17 @@ class DirectChunks:
         to the rows it holds and passed through ``post``, decoded on the pool; ``None`` for one
         HDF5 should read."""
         assert self.chunks[1:] == self.shape[1:]
-        per, table = self.chunks[0], self._table()
-
-        def one(index: int, stored: Stored) -> np.ndarray:
-            coord = (index * per, *[0] * (len(self.shape) - 1))
-            return post(self.decode(coord, stored)[: self.shape[0] - coord[0]])
-
+        per, table, rest = self.chunks[0], self._table(), [0] * (len(self.shape) - 1)
         futures: list[Future[np.ndarray] | None] = []
         for index in indices:
-            coord = (index * per, *[0] * (len(self.shape) - 1))
+            coord = (index * per, *rest)
             stored = table.get(coord)
-            edge = coord[0] + per > self.shape[0] and not self.edges_direct
-            if stored is None or edge:
+            if stored is None:
                 futures.append(None)
-            else:
-                futures.append(decoders().submit(one, index, stored))
+                continue
+            # An edge chunk holds fewer rows: the others are padding.
+            cut = functools.partial(_rows_then, rows=self.shape[0] - coord[0], post=post)
+            futures.append(self._submit(coord, stored, cut))
         return [None if f is None else f.result() for f in futures]
 
     def _band(self, first: int) -> list[Coord]:
@@ -267,13 +250,20 @@ class DirectChunks:
         grid = [range(0, n, c) for n, c in zip(self.shape[1:], self.chunks[1:], strict=True)]
         return [(first, *rest) for rest in itertools.product(*grid)]
 
-    def _submit(self, coord: Coord, stored: Stored) -> Future[np.ndarray] | None:
-        """The chunk at ``coord`` being decoded on the pool; ``None`` for a partial edge chunk
-        HDF5 must read (see ``edges_direct``)."""
+    def _submit(
+        self,
+        coord: Coord,
+        stored: Stored,
+        then: Callable[[np.ndarray], np.ndarray] | None = None,
+    ) -> Future[np.ndarray] | None:
+        """The chunk at ``coord`` being decoded on the pool (and passed through ``then``);
+        ``None`` for a partial edge chunk HDF5 must read (see ``edges_direct``)."""
         partial = any(c + k > n for c, k, n in zip(coord, self.chunks, self.shape, strict=True))
         if partial and not self.edges_direct:
             return None
-        return decoders().submit(self.decode, coord, stored)
+        if then is None:
+            return decoders().submit(self.decode, coord, stored)
+        return decoders().submit(lambda: then(self.decode(coord, stored)))
 
     def rows(self, start: int, stop: int, min_chunks: int = 2) -> np.ndarray | None:
         """Rows ``start:stop`` as a new array, every chunk they touch decoded on the pool;
