@@ -428,3 +428,57 @@ def test_a_file_open_read_only_is_walked_once(
         objects_of(f)
         f.create_group("added")
         assert "added" in [name for name, _ in objects_of(f)] and len(walks) == 4
+
+
+def _streams_case(path: Path, layout: str) -> Path:
+    rng = np.random.default_rng(0)
+    obs = rng.standard_normal((20000, 17)).astype(np.float32)  # 1.4 MB: copied raw if contiguous
+    nxt = np.concatenate([obs[1:], obs[:1]])
+    chunks = (500, 17) if layout == "chunked" else None
+    with h5py.File(path, "w") as f:
+        if layout == "group-with-a-second-link":  # robomimic's layout
+            demo = f.create_group("data/demo_0")
+            demo.attrs["num_samples"] = len(obs)
+            demo["obs/state"], demo["next_obs/state"] = obs, nxt
+            demo["actions"], demo["rewards"] = obs[:, :3], obs[:, 0]
+            demo["dones"] = np.zeros(len(obs), np.int64)
+            demo["obs/twice"] = np.arange(4)
+            demo["obs/again"] = demo["obs/twice"]  # one object, two links: copied whole
+            return path
+        f.create_dataset("observations", data=obs, chunks=chunks, track_times=False)
+        f.create_dataset("next_observations", data=nxt, chunks=chunks, track_times=False)
+        f.create_dataset("actions", data=obs[:, :3], track_times=False)
+        f.create_dataset("rewards", data=obs[:, 0], track_times=False)
+        f.create_dataset("terminals", data=np.zeros(len(obs), bool), track_times=False)
+        f.create_dataset("timeouts", data=np.arange(len(obs)) % 1000 == 999, track_times=False)
+    return path
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "chunked", "group-with-a-second-link"])
+def test_the_plan_streams_exactly_what_the_copy_leaves_to_the_encoding_pass(
+    layout: str, tmp_path: Path
+) -> None:
+    """Observations are checked by the pass that copies them, so the plan's streamed set and
+    what the HDF5 copy leaves to the encoding pass must be the same set (one rule): one the copy
+    took whole, yet planned as streamed, was checked by neither."""
+    from obsdelta_cli.commands.common import open_input, stream_for, streamed_observations
+    from obsdelta_cli.formats import LeafSpec, Plan
+
+    src = _streams_case(tmp_path / "in.hdf5", layout)
+    fmt, source = open_input(src)
+    try:
+        pairs = [p for p in fmt.pairs(source) if p.next_key in source.leaves]
+        assert len(pairs) == 1
+        stream = stream_for(source, source.batch_dims - 1, 1.0)
+        order = [k for k in source.leaves if k != pairs[0].next_key]
+        new: dict[Any, LeafSpec] = {}
+        streamed = streamed_observations(fmt, source, stream, pairs, order, new)
+        plan = Plan(order, new, [pairs[0].next_key], {}, streamed)
+        sink = fmt.create(tmp_path / "out.h5", source, plan)
+        try:
+            assert set(sink.streamed) == set(plan.streamed)
+        finally:
+            fmt.discard(sink)
+    finally:
+        fmt.close(source)
+    assert (plan.streamed == {pairs[0].obs_key}) == (layout == "contiguous")

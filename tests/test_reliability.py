@@ -141,6 +141,34 @@ def test_verify_damaged_hdf5(cli: Cli, tmp_path: Path) -> None:
     expect_error(cli, "verify", tmp_path / "s.h5", says=["obsdelta/delta/next_observations"])
 
 
+@pytest.mark.parametrize("filters", [{}, {"compression": "gzip"}, {"shuffle": True}])
+@pytest.mark.parametrize("row", [0, 299])
+def test_damaged_observations_never_inflate(
+    cli: Cli, tmp_path: Path, hopper: TensorDictBase, filters: dict[str, Any], row: int
+) -> None:
+    """Observations a container copies whole (chunked: HDF5 copies them object for object)
+    are checked before inflate copies them. Row 0 matters most: no rebuilt next observation
+    is made from it, so only that check sees it; the damage here leaves every chunk valid."""
+    src = tmp_path / "in.hdf5"
+    flat = hopper[:300]
+    with h5py.File(src, "w") as f:
+        obs, nxt = flat["observation"].numpy(), flat["next", "observation"].numpy()
+        f.create_dataset("observations", data=obs, chunks=(64, obs.shape[1]), **filters)
+        f.create_dataset("next_observations", data=nxt, chunks=(64, obs.shape[1]), **filters)
+        f["actions"] = flat["action"].numpy()
+        f["rewards"] = flat["next", "reward"].numpy().reshape(-1)
+        f["terminals"] = flat["next", "terminated"].numpy().reshape(-1)
+        f["timeouts"] = flat["next", "truncated"].numpy().reshape(-1)
+    small = tmp_path / "small.h5"
+    compress(src, small, codec="exact")
+    with h5py.File(small, "r+") as f:
+        f["observations"][row, 0] += 0.5
+    says = [small, "observations", "checksum mismatch"]
+    expect_error(cli, "inflate", small, "-o", tmp_path / "back.hdf5", says=says)
+    assert not (tmp_path / "back.hdf5").exists()
+    expect_error(cli, "verify", small, says=says)
+
+
 def test_verify_refuses_plain_and_unknown_versions(cli: Cli, tmp_path: Path) -> None:
     expect_error(cli, "verify", SAMPLE / "hopper_ted", says=["not compressed by obsdelta"])
     compress(SAMPLE / "hopper_ted", tmp_path / "s")

@@ -223,6 +223,7 @@ def original_size(manifest: Manifest, size: int, keys: Sequence[KeyResult]) -> i
 
 
 def streamed_observations(
+    fmt: Format,
     source: Source,
     stream: Stream,
     pairs: Sequence[Pair],
@@ -231,7 +232,7 @@ def streamed_observations(
 ) -> frozenset[Key]:
     """Observation leaves copied during the pass over ``pairs``, which reads them anyway,
     rather than read twice: those of exactly one pair, kept unchanged, with every row valid
-    (the pass covers valid rows only)."""
+    (the pass covers valid rows only), and not copied whole by the container itself."""
     uses = Counter(p.obs_key for p in pairs)
     streamed = set()
     for p in pairs:
@@ -245,4 +246,4 @@ def streamed_observations(
             and geometry.valid == geometry.total
         ):
             streamed.add(p.obs_key)
-    return frozenset(streamed)
+    return fmt.streams(source, frozenset(streamed), order)

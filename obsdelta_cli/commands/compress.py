@@ -325,7 +325,7 @@ def _writer(
         if stored is not None:
             new[p.delta_key] = LeafSpec(tuple(obs.shape), stored, replaces=p.next_key)
             order.append(p.delta_key)
-    streamed = streamed_observations(source, stream, [p for p, _ in encoded], order, new)
+    streamed = streamed_observations(fmt, source, stream, [p for p, _ in encoded], order, new)
     plan = Plan(order, new, sorted(replaced), options, streamed)
 
     def fill(sink: Sink) -> dict[str, Any]:

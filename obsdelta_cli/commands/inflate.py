@@ -61,7 +61,7 @@ def inflate(
                     file=input,
                     hint="the file is damaged or was edited",
                 )
-        streamed = streamed_observations(source, stream, [s.pair for s in stored], order, new)
+        streamed = streamed_observations(fmt, source, stream, [s.pair for s in stored], order, new)
         plan = Plan(order, new, options=dict(manifest.options), streamed=streamed)
 
         if manifest.version >= 2:

@@ -12,7 +12,7 @@ import json
 import math
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -240,6 +240,13 @@ class Format(ABC):
         leaf; ``skip`` leaves some out, and the values of those in ``known`` are not read (their
         hash is taken from it). Default: none, every leaf is hashed as it is copied."""
         return {}
+
+    def streams(self, source: Source, keys: frozenset[Key], order: Sequence[Key]) -> frozenset[Key]:
+        """Those of the unchanged leaves ``keys`` the output (its leaves ``order``) leaves to
+        the encoding pass to write, and so to hash: :attr:`Plan.streamed`. A container that
+        copies some of them whole itself (HDF5) leaves them out: their values are then checked
+        as its objects are. Default: all of them."""
+        return keys
 
     def value_hashes(self, source: Source) -> dict[str, str]:
         """xxh3-64 of the values, in row order, of the datasets whose recorded object hash

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 from abc import abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -208,6 +208,12 @@ class HDF5Format(Format):
                 f"cannot read an object ({exc})", file=file, hint="the file is damaged"
             ) from None
 
+    def streams(self, source: Source, keys: frozenset[Key], order: Sequence[Key]) -> frozenset[Key]:
+        kept = set(order)
+        dropped = {key_str(k) for k in source.leaves if k not in kept}
+        paths = {key_str(k): k for k in keys if isinstance(source.leaves[k], H5Leaf)}
+        return frozenset(paths[p] for p in _streamed_copies(source.handle, paths, dropped))
+
     def bookkeeping(self, source: Source, removed: list[Key]) -> int:
         f: h5py.File = source.handle
         gone = {key_str(k) for k in removed}
@@ -236,11 +242,8 @@ class HDF5Format(Format):
         dropped = {key_str(k) for k in source.leaves if k not in kept}
         fd = _OUTPUT_FDS[id(out)]
         copies = _COPIES[id(out)] = RawCopies(source.path, out, fd)
-        streamed = {
-            key_str(k): source.leaves[k].dtype
-            for k in plan.streamed
-            if isinstance(source.leaves[k], H5Leaf) and streamable(source.leaves[k].ds)
-        }
+        # The plan streams only what this copy leaves to the encoding pass (see streams()).
+        streamed = {key_str(k): source.leaves[k].dtype for k in plan.streamed}
         _copy_tree(src, out, dropped, copies, streamed)
         passed = copies.start()
         compression = plan.options.get("h5_compression")
@@ -452,9 +455,7 @@ def _copy_tree(
         path = obj.name.lstrip("/")
         if path == OWN or path in dropped:
             continue
-        if isinstance(obj, h5py.Group) and (
-            any(d.startswith(path + "/") for d in dropped) or _raw_below(obj, copies)
-        ):
+        if isinstance(obj, h5py.Group) and _rewritten(obj, dropped, copies.source_size):
             group = h5py.Group(
                 h5py.h5g.create(dst.id, name.encode(), gcpl=obj.id.get_create_plist())
             )
@@ -462,21 +463,55 @@ def _copy_tree(
             _copy_tree(obj, group, dropped, copies, streamed)
             if not len(group) and not len(group.attrs) and len(obj):
                 del dst[name]  # emptied by the rewrite, and nothing else to keep
-        elif (
-            isinstance(obj, h5py.Dataset)
-            and _linked_once(obj)
-            and raw_copyable(obj, copies.source_size)
-        ):
+        elif isinstance(obj, h5py.Dataset) and _copied_raw(obj, copies.source_size):
             copies.add(obj, dst, name, streamed=streamed.get(path))
         else:
             src.copy(obj, dst, name=name)
+
+
+def _rewritten(group: h5py.Group, dropped: set[str], source_size: int) -> bool:
+    """Whether :func:`_copy_tree` rebuilds ``group`` object by object rather than copying it
+    whole: it loses a dataset, or holds one to copy raw."""
+    path = group.name.lstrip("/")
+    return any(d.startswith(path + "/") for d in dropped) or _raw_below(group, source_size)
+
+
+def _copied_raw(ds: h5py.Dataset, source_size: int) -> bool:
+    """Whether :func:`_copy_tree` copies ``ds``'s bytes itself (where its group is rewritten)."""
+    return _linked_once(ds) and raw_copyable(ds, source_size)
+
+
+def _streamed_copies(f: h5py.File, paths: Iterable[str], dropped: set[str]) -> set[str]:
+    """Those of the datasets at ``paths`` that :func:`_copy_tree` leaves to the encoding pass
+    when it drops ``dropped``: copied raw, in groups rewritten down to them. The others are
+    copied whole by HDF5, so their values must be checked as objects."""
+    size = Path(f.filename).stat().st_size
+    rewritten: dict[str, bool] = {}  # by group: a robomimic file has hundreds of pairs a group
+
+    def kept_apart(group: str) -> bool:
+        if group not in rewritten:
+            rewritten[group] = _rewritten(f[group], dropped, size)
+        return rewritten[group]
+
+    found = set()
+    for path in paths:
+        parts = path.split("/")
+        ds = f.get(path)
+        if (
+            isinstance(ds, h5py.Dataset)
+            and streamable(ds)
+            and _copied_raw(ds, size)
+            and all(kept_apart("/".join(parts[:i])) for i in range(1, len(parts)))
+        ):
+            found.add(path)
+    return found
 
 
 def _linked_once(obj: Any) -> bool:
     return int(h5py.h5o.get_info(obj.id).rc) == 1
 
 
-def _raw_below(group: h5py.Group, copies: RawCopies) -> bool:
+def _raw_below(group: h5py.Group, source_size: int) -> bool:
     """Whether ``group`` holds a dataset to copy raw, and copying it object by object keeps it
     as it is: no object in it is linked twice (one object copy of the group keeps the two
     links to one object; copies of each would make two)."""
@@ -484,7 +519,7 @@ def _raw_below(group: h5py.Group, copies: RawCopies) -> bool:
     for obj in _walk(group):
         if not _linked_once(obj):
             return False
-        found = found or (isinstance(obj, h5py.Dataset) and raw_copyable(obj, copies.source_size))
+        found = found or (isinstance(obj, h5py.Dataset) and raw_copyable(obj, source_size))
     return found and _linked_once(group)
 
 

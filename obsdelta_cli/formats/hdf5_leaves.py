@@ -376,16 +376,22 @@ class H5Arrays(ArrayStore):
         return self._found[asked]
 
     def _get(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> Any:
-        ds = self.f.get(f"{OWN}/arrays/{name}")
-        if isinstance(ds, h5py.Dataset) and h5py.check_opaque_dtype(ds.dtype):
+        # The dtype is the manifest's: the array's own attribute (ARRAY_DTYPE) is for other
+        # readers, and is not read here. Its value is a variable-length string, which HDF5
+        # reads through a heap address: damaged, that crashed the process.
+        try:
+            ds = self.f.get(f"{OWN}/arrays/{name}")
+            opaque = isinstance(ds, h5py.Dataset) and h5py.check_opaque_dtype(ds.dtype)
+        except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
+            raise InputError(
+                f"cannot read array {name} ({' '.join(str(exc).split())})",
+                file=self.file,
+                hint="the compressed file is damaged",
+            ) from None
+        if opaque:
             features = tuple(shape[1:])
-            stored = str(ds.attrs.get(ARRAY_DTYPE, ""))
             row_bytes = max(1, math.prod(features) * dtype.itemsize)
-            if (
-                ds.shape == (shape[0],)
-                and stored == str(dtype).removeprefix("torch.")
-                and ds.dtype.itemsize == row_bytes
-            ):
+            if ds.shape == (shape[0],) and ds.dtype.itemsize == row_bytes:
                 return FlatRows(OpaqueLeaf(ds, self.file, dtype, features), 1)
         elif isinstance(ds, h5py.Dataset) and tuple(ds.shape) == tuple(shape):
             return FlatRows(H5Leaf(ds, self.file), 1)  # format 1: numeric arrays

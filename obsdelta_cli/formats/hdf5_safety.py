@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,20 @@ PACK_DAMAGED = "the packed file is damaged; restore it from a copy"
 def damaged_pack(file: Path, what: str) -> InputError:
     """The error of a packed file whose structure or records are not as written."""
     return InputError(what, file=file, hint=PACK_DAMAGED)
+
+
+@contextmanager
+def reading_pack(file: Path) -> Iterator[None]:
+    """What HDF5 raises while the packed ``file`` is read into an output is damage to it, but
+    a failed write (which the output reports): an object header or attribute that does not
+    parse, an address past the end of the file."""
+    try:
+        yield
+    except (OSError, RuntimeError, KeyError, ValueError) as exc:
+        text = " ".join(str(exc).split())
+        if "write failed" in text:
+            raise
+        raise damaged_pack(file, f"cannot read an object ({text})") from None
 
 
 def damaged_file(path: Path, exc: BaseException) -> InputError:

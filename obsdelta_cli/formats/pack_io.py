@@ -48,7 +48,7 @@ from .hdf5 import (
 )
 from .hdf5_leaves import BF16_ATTR, META_ATTR, OWN, numpy_dtype, objects_of, torch_dtype
 from .hdf5_meta import MANIFEST, write_meta
-from .hdf5_safety import damaged_pack
+from .hdf5_safety import damaged_pack, reading_pack
 from .leaf import FileLeaf, LazyLeaf
 from .pack_columns import Shared, kept_path, plan_columns, write_virtual
 from .packed import (
@@ -470,7 +470,10 @@ def _unpack_folder(packed: Source, info: dict[str, Any], inner: Manifest, out: P
 def _unpack_hdf5(packed: Source, info: dict[str, Any], inner: Manifest, out: Path) -> None:
     src: h5py.File = packed.handle
     libver = info.get("libver")
-    with h5_output(out, tuple(libver) if isinstance(libver, list) else None) as f:
+    with (
+        h5_output(out, tuple(libver) if isinstance(libver, list) else None) as f,
+        reading_pack(packed.path),
+    ):
         copy_attrs(src, f)
         del f.attrs[META_ATTR]
         _unpack_group(packed, src, f, info["datasets"])
@@ -490,8 +493,30 @@ def _unpack_group(
             _unpack_group(packed, obj, _group_like(obj, dst, name), datasets)
         elif path in datasets:
             _restore(packed, obj, dst, name, path, datasets[path])
+        elif path.startswith(f"{OWN}/") and not isinstance(obj, h5py.Dataset):
+            # obsdelta's own objects are groups and datasets: anything else is a damaged
+            # header, which HDF5's object copy met with a crash.
+            raise damaged_pack(packed.path, f"obsdelta's object {path} is not a dataset")
+        elif path.startswith(f"{OWN}/arrays/"):
+            _copy_values(obj, dst, name)
         else:
             group.copy(obj, dst, name=name)
+
+
+def _copy_values(ds: h5py.Dataset, dst: h5py.Group, name: str) -> None:
+    """obsdelta's own array ``ds`` as ``name`` of ``dst``: its type, shape, creation
+    properties and values, not its attribute (the manifest gives the dtype). Not an object
+    copy: HDF5 reads the attribute's string through a heap address, which damage turned into
+    a crash; the values are checked against the rows' hashes as inflate reads them."""
+    dsid = ds.id
+    new = h5py.Dataset(
+        h5py.h5d.create(
+            dst.id, name.encode(), dsid.get_type(), dsid.get_space(), dcpl=dsid.get_create_plist()
+        )
+    )
+    step = max(1, BLOCK_BYTES // max(1, ds.dtype.itemsize))
+    for start in range(0, ds.shape[0] if ds.ndim else 0, step):
+        new[start : start + step] = ds[start : start + step]
 
 
 def _restore(
