@@ -48,6 +48,7 @@ from .hdf5 import (
 )
 from .hdf5_leaves import BF16_ATTR, META_ATTR, OWN, numpy_dtype, objects_of, torch_dtype
 from .hdf5_meta import MANIFEST, write_meta
+from .hdf5_objects import hash_objects
 from .hdf5_safety import damaged_pack, reading_pack
 from .leaf import FileLeaf, LazyLeaf
 from .pack_columns import Shared, kept_path, plan_columns, write_virtual
@@ -467,8 +468,23 @@ def _unpack_folder(packed: Source, info: dict[str, Any], inner: Manifest, out: P
     write_sidecar(out, inner.to_json())
 
 
+def _check_kept(packed: Source, datasets: dict[str, Any], inner: Manifest) -> None:
+    """The objects unpacking copies whole (those not repacked), checked against the inner
+    container's record before HDF5 is asked to copy them, as inflate checks what it copies:
+    HDF5 can crash on a damaged object it copies."""
+    with reading_pack(packed.path):
+        found = hash_objects(packed.handle, packed.path, lambda name: name in datasets)
+    for name, seen in found.items():
+        recorded = inner.objects.get(name)
+        if recorded != seen:
+            what = "is not in its record" if recorded is None else "does not match its hash"
+            raise damaged_pack(packed.path, f"object {name or '/'} {what}")
+
+
 def _unpack_hdf5(packed: Source, info: dict[str, Any], inner: Manifest, out: Path) -> None:
     src: h5py.File = packed.handle
+    if inner.objects:  # recorded by format 2 on
+        _check_kept(packed, info["datasets"], inner)
     libver = info.get("libver")
     with (
         h5_output(out, tuple(libver) if isinstance(libver, list) else None) as f,
