@@ -167,26 +167,35 @@ def test_many_bit_flips_are_caught(
     _check(tally)
 
 
-@pytest.mark.parametrize("kind", ["ted-hdf5", "d4rl-hdf5"])
-def test_damaged_headers_of_a_packed_file_are_reported(
-    kind: str, hopper: TensorDictBase, tmp_path: Path
+@pytest.mark.parametrize(
+    ("kind", "pack", "names"),
+    [
+        ("ted-hdf5", True, [b"obsdelta_dtype", b"obsdelta"]),
+        ("d4rl-hdf5", True, [b"obsdelta", b"note"]),
+        ("d4rl-hdf5", False, [b"note"]),
+        ("robomimic-hdf5", False, [b"env_args"]),
+    ],
+)
+def test_damaged_headers_are_reported(
+    kind: str, pack: bool, names: list[bytes], hopper: TensorDictBase, tmp_path: Path
 ) -> None:
-    """Every byte around the first attributes of a packed file's objects, flipped in turn:
-    object headers and attribute messages that no longer parse are one error, never an
-    exception from HDF5 (inflate copies objects whole, where HDF5 meets them first)."""
+    """Every byte around the first attributes of objects, flipped in turn: object headers and
+    attribute messages that no longer parse are one error, never an exception from HDF5, nor
+    a crash of it (a string attribute read as a sequence of another type was a segmentation
+    fault as its objects were hashed, and inflate of a packed file copied objects whole before
+    checking them)."""
     src = WRITERS[kind](hopper[:600].clone(), tmp_path / "in")
-    small = tmp_path / "small.h5"
-    compress(src, small, codec="exact", pack=True)
+    small = tmp_path / ("small.h5" if pack else f"small{src.suffix}")
+    compress(src, small, codec="exact", pack=pack)
     inflate(small, tmp_path / f"ref{src.suffix}")
     reference = _content(tmp_path / f"ref{src.suffix}")
     data = small.read_bytes()
-    names = [b"obsdelta_dtype", b"obsdelta"] if kind == "ted-hdf5" else [b"obsdelta"]
     crashes, silent = [], []
     for name in names:
         at = data.find(name)
         assert at > 0, name
         for offset in range(at - 16, at + len(name) + 8):
-            damaged, back = tmp_path / "d.h5", tmp_path / f"b{src.suffix}"
+            damaged, back = tmp_path / f"d{small.suffix}", tmp_path / f"b{src.suffix}"
             raw = bytearray(data)
             raw[offset] ^= 0xFF
             damaged.write_bytes(bytes(raw))

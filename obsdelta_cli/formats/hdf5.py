@@ -49,7 +49,7 @@ from .hdf5_leaves import (
     torch_dtype,
 )
 from .hdf5_meta import read_meta, write_meta
-from .hdf5_objects import hash_objects, header_bytes
+from .hdf5_objects import hash_objects, hash_objects_apart, header_bytes
 from .hdf5_safety import check_contained, damaged_file
 
 hdf5plugin: Any
@@ -195,14 +195,16 @@ class HDF5Format(Format):
         f: h5py.File = opened.handle
         file = Path(f.filename)
         known = dict(known or {})
+        hashing = hash_objects_apart  # a file read: damage may crash HDF5 (see there)
         if id(f) in _OUTPUT_FDS:  # an output being written: its raw chunks must be on disk
             try:
                 known |= _copied(f)
                 f.flush()
             except (OSError, RuntimeError) as exc:
                 raise write_error(file, exc) from None
+            hashing = hash_objects  # written by obsdelta in this process, not damaged
         try:
-            return hash_objects(f, file, skip, known)
+            return hashing(f, file, skip, known)
         except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
             raise InputError(
                 f"cannot read an object ({exc})", file=file, hint="the file is damaged"

@@ -48,7 +48,7 @@ from .hdf5 import (
 )
 from .hdf5_leaves import BF16_ATTR, META_ATTR, OWN, numpy_dtype, objects_of, torch_dtype
 from .hdf5_meta import MANIFEST, write_meta
-from .hdf5_objects import hash_objects
+from .hdf5_objects import hash_objects_apart
 from .hdf5_safety import damaged_pack, reading_pack
 from .leaf import FileLeaf, LazyLeaf
 from .pack_columns import Shared, kept_path, plan_columns, write_virtual
@@ -473,7 +473,7 @@ def _check_kept(packed: Source, datasets: dict[str, Any], inner: Manifest) -> No
     container's record before HDF5 is asked to copy them, as inflate checks what it copies:
     HDF5 can crash on a damaged object it copies."""
     with reading_pack(packed.path):
-        found = hash_objects(packed.handle, packed.path, lambda name: name in datasets)
+        found = hash_objects_apart(packed.handle, packed.path, lambda name: name in datasets)
     for name, seen in found.items():
         recorded = inner.objects.get(name)
         if recorded != seen:
