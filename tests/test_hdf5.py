@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -506,3 +507,13 @@ def test_a_crash_while_hashing_apart_is_damage_and_a_fault_is_not() -> None:
         with pytest.raises(HashingFailed, match="ZeroDivisionError"):
             hash_objects_apart(f, path, lambda n: bool(1 / 0))
         assert hash_objects_apart(f, path, lambda n: False)  # the parent's file still reads
+
+
+def test_objects_are_hashed_apart_from_a_thread_too() -> None:
+    """A Dask worker runs commands in threads: the child forked from one hashes alike."""
+    path = SAMPLE / "hopper_d4rl.hdf5"
+    with h5py.File(path, "r") as f:
+        expected = hash_objects(f, path, lambda n: False)
+        with ThreadPoolExecutor(1) as pool:
+            found = pool.submit(hash_objects_apart, f, path, lambda n: False).result()
+    assert found == expected

@@ -78,6 +78,7 @@ def hash_objects_apart(
         try:
             os.close(read)
             faulthandler.disable()  # a crash is the parent's one line, not a dump of frames
+            # The forking thread is the child's main thread, whichever it was (a Dask task's).
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             try:
