@@ -409,3 +409,16 @@ def test_the_datasets_of_a_packed_file_share_its_descriptors(
 def _descriptors_of(path: Path) -> int:
     fds = Path("/proc/self/fd")
     return sum(1 for fd in fds.iterdir() if os.path.realpath(fd) == str(path.resolve()))
+
+
+def test_an_error_said_precisely_while_unpacking_is_not_rewritten() -> None:
+    """Errors of obsdelta's own that are ValueErrors too (DataError, UsageError) pass through
+    the guard that turns HDF5's read errors into damage to the packed file."""
+    from obsdelta_cli.formats.hdf5_safety import reading_pack
+
+    said = DataError("rows 3:4 do not match their hash", file=Path("p.h5"), key="k")
+    with pytest.raises(DataError) as caught, reading_pack(Path("p.h5")):
+        raise said
+    assert caught.value is said
+    with pytest.raises(ObsdeltaError, match="cannot read an object"), reading_pack(Path("p.h5")):
+        raise OSError("address of object past end of allocation")

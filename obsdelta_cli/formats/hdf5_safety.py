@@ -10,7 +10,7 @@ from typing import Any
 
 import h5py
 
-from ..errors import InputError
+from ..errors import InputError, ObsdeltaError
 
 #: What to do about a packed file found damaged.
 PACK_DAMAGED = "the packed file is damaged; restore it from a copy"
@@ -28,6 +28,8 @@ def reading_pack(file: Path) -> Iterator[None]:
     parse, an address past the end of the file."""
     try:
         yield
+    except ObsdeltaError:
+        raise  # said precisely already (some are ValueErrors too)
     except (OSError, RuntimeError, KeyError, ValueError) as exc:
         text = " ".join(str(exc).split())
         if "write failed" in text:
