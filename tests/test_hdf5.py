@@ -6,10 +6,8 @@ from __future__ import annotations
 import gc
 import json
 import os
-import signal
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,7 @@ from obsdelta_cli.errors import InputError
 from obsdelta_cli.formats import hdf5_leaves
 from obsdelta_cli.formats.hdf5 import H5_COMPRESSIONS, read_meta
 from obsdelta_cli.formats.hdf5_leaves import H5Arrays, leaves_of, object_at, objects_of
-from obsdelta_cli.formats.hdf5_objects import HashingFailed, hash_objects, hash_objects_apart
+from obsdelta_cli.formats.hdf5_objects import hash_objects, hash_objects_apart
 from obsdelta_cli.manifest import FORMAT_VERSION
 
 from .conftest import SAMPLE, Cli, load_sample, tree_hash
@@ -494,26 +492,3 @@ def test_objects_hashed_apart_are_hashed_alike(name: str) -> None:
         assert hash_objects_apart(f, path, skip, {"rewards": "x"}) == hash_objects(
             f, path, skip, {"rewards": "x"}
         )
-
-
-def test_a_crash_while_hashing_apart_is_damage_and_a_fault_is_not() -> None:
-    """HDF5 crashing on a damaged object ends only the child (here the child kills itself as
-    the segmentation fault would); the caller gets the ValueError damage gets, and the process
-    goes on. An error of obsdelta's own is not passed off as damage."""
-    path = SAMPLE / "hopper_d4rl.hdf5"
-    with h5py.File(path, "r") as f:
-        with pytest.raises(ValueError, match="crashed on it: SIGSEGV"):
-            hash_objects_apart(f, path, lambda n: os.kill(os.getpid(), signal.SIGSEGV))
-        with pytest.raises(HashingFailed, match="ZeroDivisionError"):
-            hash_objects_apart(f, path, lambda n: bool(1 / 0))
-        assert hash_objects_apart(f, path, lambda n: False)  # the parent's file still reads
-
-
-def test_objects_are_hashed_apart_from_a_thread_too() -> None:
-    """A Dask worker runs commands in threads: the child forked from one hashes alike."""
-    path = SAMPLE / "hopper_d4rl.hdf5"
-    with h5py.File(path, "r") as f:
-        expected = hash_objects(f, path, lambda n: False)
-        with ThreadPoolExecutor(1) as pool:
-            found = pool.submit(hash_objects_apart, f, path, lambda n: False).result()
-    assert found == expected

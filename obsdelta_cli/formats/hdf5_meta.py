@@ -11,6 +11,7 @@ import h5py
 import numpy as np
 
 from ..errors import InputError
+from .apart import apart
 from .hdf5_leaves import META_ATTR, OWN
 
 #: A manifest longer than this is stored zlib-compressed in the dataset ``/obsdelta/manifest``
@@ -21,6 +22,9 @@ MANIFEST = f"{OWN}/manifest"
 #: Largest manifest read back: far beyond any obsdelta writes, so a crafted file cannot make
 #: reading it take more memory than this.
 MAX_META_BYTES = 1 << 28
+#: Reading the manifest attribute takes milliseconds; HDF5 still at it after this long is
+#: looping on damage (generous: a network file system may stall for a while).
+META_SECONDS = 120.0
 
 
 def write_meta(out: h5py.File, meta: dict[str, Any], plain_bytes: int = PLAIN_META_BYTES) -> None:
@@ -39,10 +43,52 @@ def write_meta(out: h5py.File, meta: dict[str, Any], plain_bytes: int = PLAIN_ME
     out.attrs[META_ATTR] = json.dumps({"manifest": MANIFEST})
 
 
-def read_meta(f: h5py.File, file: Path) -> dict[str, Any] | None:
+def _meta_text(f: h5py.File) -> tuple[str, str] | None:
+    """The root attribute as ``(kind, text)``: a string, bytes (as Latin-1) or anything else
+    (unreadable as JSON); ``None`` where there is none."""
     raw = f.attrs.get(META_ATTR)
     if raw is None:
         return None
+    if isinstance(raw, str):
+        return "str", raw
+    if isinstance(raw, bytes):
+        return "bytes", raw.decode("latin-1")
+    return "other", ""
+
+
+#: Why the metadata of a file could not be read, by (device, inode, size, mtime).
+_UNREADABLE: dict[tuple[int, int, int, int], str] = {}
+
+
+def _stamp(file: Path) -> tuple[int, int, int, int] | None:
+    try:
+        st = file.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def read_meta(f: h5py.File, file: Path) -> dict[str, Any] | None:
+    """The manifest, or ``None`` in a file without one. The attribute is read in a child
+    process (:mod:`.apart`), within :data:`META_SECONDS`: it is a variable-length string, kept
+    in a heap that, damaged, made HDF5 read it forever."""
+    stamp = _stamp(file)
+    why = _UNREADABLE.get(stamp) if stamp is not None else None
+    if why is None:
+        try:
+            found = apart(lambda: _meta_text(f), timeout=META_SECONDS)
+        except ValueError as exc:
+            why = str(exc)
+            if stamp is not None:  # detection and opening ask again: they are told at once
+                _UNREADABLE[stamp] = why
+    if why is not None:
+        raise InputError(
+            f"cannot read the obsdelta metadata ({why})", file=file, hint="the file is damaged"
+        )
+    if found is None:
+        return None
+    kind, text = found
+    raw: Any = text.encode("latin-1") if kind == "bytes" else text if kind == "str" else None
     try:
         meta = json.loads(raw)
         if isinstance(meta, dict) and set(meta) == {"manifest"}:

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
-import faulthandler
 import itertools
-import json
 import math
 import os
-import signal
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +13,7 @@ import h5py
 import numpy as np
 import xxhash
 
+from .apart import apart
 from .direct import PIECE, ColdReads
 from .hdf5_leaves import META_ATTR, OWN, objects_of
 
@@ -48,70 +45,16 @@ def hash_objects(
     return out
 
 
-class HashingFailed(Exception):
-    """A fault of obsdelta's own in the process that hashed a file's objects (not damage)."""
-
-
 def hash_objects_apart(
     f: h5py.File,
     file: Path,
     skip: Callable[[str], bool],
     known: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """:func:`hash_objects` in a child process (forked) where the system has ``fork``.
-
-    Hashing reads every object's attributes, and a damaged one can crash HDF5 itself: a flipped
-    bit that turns a string attribute into a sequence of another type ended the process with a
-    segmentation fault. Checked apart, the crash ends only the child, and is reported like any
-    other damage: the caller's ValueError. h5py's lock is held while forking, so no other
-    thread is inside h5py when the child starts; HDF5 reads with ``pread``, so the child moves
-    no file offset the parent relies on; the child leaves with ``os._exit``, running no
-    clean-up of files it shares with the parent."""
-    if not hasattr(os, "fork"):
-        return hash_objects(f, file, skip, known)
-    from h5py._objects import phil
-
-    read, write = os.pipe()
-    with phil:
-        pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child's coverage is not collected
-        try:
-            os.close(read)
-            faulthandler.disable()  # a crash is the parent's one line, not a dump of frames
-            # The forking thread is the child's main thread, whichever it was (a Dask task's).
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            try:
-                payload: dict[str, Any] = {"hashes": hash_objects(f, file, skip, known)}
-            except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
-                payload = {"damage": " ".join(str(exc).split())}
-            except BaseException as exc:  # reported to the parent, which raises
-                payload = {"fault": f"{type(exc).__name__}: {exc}"}
-            view = memoryview(json.dumps(payload).encode())
-            while view:
-                view = view[os.write(write, view) :]
-        finally:
-            os._exit(0)
-    os.close(write)
-    try:
-        with os.fdopen(read, "rb") as pipe:
-            data = pipe.read()
-        _, status = os.waitpid(pid, 0)
-    except BaseException:  # interrupted: the child goes too
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        raise
-    if os.WIFSIGNALED(status):
-        number = os.WTERMSIG(status)
-        raise ValueError(f"HDF5 crashed on it: {signal.Signals(number).name}")
-    payload = json.loads(data) if data else {"fault": "no result"}
-    if "damage" in payload:
-        raise ValueError(payload["damage"])
-    if "fault" in payload:
-        raise HashingFailed(payload["fault"])
-    hashes: dict[str, str] = payload["hashes"]
-    return hashes
+    """:func:`hash_objects` in a forked child (:mod:`.apart`): hashing reads every object's
+    attributes, and a damaged one can crash HDF5 itself. No time limit: hashing a large file
+    takes as long as reading it."""
+    return apart(lambda: hash_objects(f, file, skip, known))
 
 
 def attrs_hash(obj: Any, exclude: str | None = None) -> str:

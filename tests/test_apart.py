@@ -1,0 +1,105 @@
+"""Reads of possibly damaged HDF5 files in a forked child: a crash or an endless read there is
+one error of damage, the caller's process goes on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from obsdelta_cli.errors import InputError
+from obsdelta_cli.formats import hdf5_meta
+from obsdelta_cli.formats.apart import ChildFault, apart
+from obsdelta_cli.formats.hdf5_leaves import META_ATTR
+from obsdelta_cli.formats.hdf5_meta import read_meta
+
+from .conftest import Cli
+from .test_cli_errors import expect_error
+
+
+def _children() -> set[int]:
+    """This process's child processes (zombies included)."""
+    me = os.getpid()
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == me:
+                found.add(int(entry))
+    return found
+
+
+def test_the_value_comes_back_and_the_child_is_gone() -> None:
+    before = _children()
+    assert apart(lambda: {"a": [1, 2.5, "x"], "b": None}) == {"a": [1, 2.5, "x"], "b": None}
+    assert _children() == before
+
+
+def test_a_crash_is_damage_and_the_process_goes_on() -> None:
+    """The child kills itself as HDF5's segmentation fault would."""
+    with pytest.raises(ValueError, match="crashed on it: SIGSEGV"):
+        apart(lambda: os.kill(os.getpid(), signal.SIGSEGV))
+    assert apart(lambda: 1) == 1
+
+
+def test_errors_of_damage_are_value_errors_and_a_fault_is_not() -> None:
+    def damaged() -> None:
+        raise OSError("Can't synchronously read data (global heap size is too small)")
+
+    with pytest.raises(ValueError, match="global heap size is too small"):
+        apart(damaged)
+    with pytest.raises(ChildFault, match="ZeroDivisionError"):
+        apart(lambda: 1 / 0)
+
+
+def test_a_read_that_does_not_return_is_stopped_at_the_time_limit() -> None:
+    before = _children()
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="did not return from reading it in 1 s"):
+        apart(lambda: time.sleep(60), timeout=1.0)
+    assert time.monotonic() - start < 10
+    assert _children() == before  # killed and reaped
+
+
+def test_from_a_thread_too() -> None:
+    """A Dask worker runs commands in threads: the forking thread is the child's main one."""
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(apart, lambda: "done").result() == "done"
+
+
+def _heap_damaged(path: Path) -> Path:
+    """A file whose metadata attribute HDF5 reads forever: the header of the first object of
+    the heap holding variable-length strings zeroed (as a zeroed page of a packed file did)."""
+    with h5py.File(path, "w") as f:  # a compressed D4RL file's layout, to be recognised
+        for name in ("observations", "actions", "rewards", "terminals", "timeouts"):
+            f[name] = np.zeros((8, 3) if name in ("observations", "actions") else 8, np.float32)
+        f.attrs[META_ATTR] = '{"format": "d4rl-hdf5", "pad": "' + "y" * 3000 + '"}'
+    data = bytearray(path.read_bytes())
+    heap = data.find(b"GCOL")
+    assert heap > 0
+    data[heap + 16 : heap + 32] = bytes(16)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_metadata_that_hdf5_reads_forever_is_damage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: Cli
+) -> None:
+    monkeypatch.setattr(hdf5_meta, "META_SECONDS", 1.0)
+    path = _heap_damaged(tmp_path / "d.h5")
+    with h5py.File(path, "r") as f, pytest.raises(InputError, match="did not return") as err:
+        read_meta(f, path)
+    assert "damaged" in (err.value.hint or "")
+    # Detection and opening ask again: told at once, not after the time limit again.
+    start = time.monotonic()
+    expect_error(cli, "verify", path, says=[path, "did not return"])
+    assert time.monotonic() - start < 0.9
