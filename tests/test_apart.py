@@ -103,3 +103,13 @@ def test_metadata_that_hdf5_reads_forever_is_damage(
     start = time.monotonic()
     expect_error(cli, "verify", path, says=[path, "did not return"])
     assert time.monotonic() - start < 0.9
+
+
+def test_where_no_child_can_be_made_the_work_runs_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fork refused (memory or processes short, under strict overcommit) is not damage."""
+
+    def refused() -> int:
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(os, "fork", refused)
+    assert apart(lambda: os.getpid()) == os.getpid()

@@ -9,7 +9,8 @@ a read is one :class:`ValueError` naming what happened, which the caller reports
 h5py's lock is held while forking, so no other thread is inside h5py when the child starts;
 HDF5 reads with ``pread``, so the child moves no file offset the parent relies on; the child
 leaves with ``os._exit``, running no clean-up of files it shares with the parent. Where the
-system has no ``fork``, the work runs in the process.
+system has no ``fork``, or refuses one (memory short under strict overcommit), the work runs in
+the process.
 
 >>> apart(lambda: {"answer": 42})
 {'answer': 42}
@@ -44,8 +45,13 @@ def apart(work: Callable[[], T], *, timeout: float | None = None) -> T:
     from h5py._objects import phil
 
     read, write = os.pipe()
-    with phil:
-        pid = os.fork()
+    try:
+        with phil:
+            pid = os.fork()
+    except OSError:  # no memory or processes left for a child (strict overcommit): not damage
+        os.close(read)
+        os.close(write)
+        return work()
     if pid == 0:  # pragma: no cover - the child's coverage is not collected
         try:
             os.close(read)
