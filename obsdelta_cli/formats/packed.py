@@ -56,7 +56,7 @@ from .hdf5_leaves import (
     torch_dtype,
 )
 from .hdf5_meta import read_meta
-from .hdf5_objects import attrs_hash, hash_objects
+from .hdf5_objects import attrs_hash, hash_objects_apart
 from .hdf5_safety import Allowed, VirtualMap, check_contained, damaged_file, damaged_pack
 from .leaf import LazyLeaf
 from .pack_columns import COLUMNS, Block, expected_maps, parse_blocks
@@ -496,7 +496,8 @@ def _hdf5_hashes(
     """An HDF5 inner's objects; a repacked dataset in ``known`` is taken as recorded there
     (its values are checked as a leaf), the others are read and hashed."""
     repacked: dict[str, Any] = info["datasets"]
-    out = hash_objects(f, file, lambda n: n in repacked or skip(n))
+    # The objects kept as they are, in a child: a damaged attribute can crash HDF5 (.apart).
+    out = hash_objects_apart(f, file, lambda n: n in repacked or skip(n))
     recorded = meta.get("objects") or {}
     for name, entry in repacked.items():
         if skip(name):
