@@ -76,6 +76,12 @@ _MESSAGE = re.compile(r"error message = '([^']*)'")
 _TEMPORARY = ".obsdelta-tmp-"
 
 
+def failed_write(exc: BaseException) -> bool:
+    """Whether HDF5's error ``exc`` is a write that failed (its message says so; HDF5 raises
+    ``RuntimeError`` or ``OSError`` for reads and writes alike)."""
+    return "write failed" in " ".join(str(exc).split())
+
+
 def write_error(path: str | Path, exc: BaseException) -> OutputError:
     """One line for a write that failed. HDF5's messages span lines and name the temporary
     file: the system's reason where the message gives it, else its first words; the file named
@@ -87,7 +93,7 @@ def write_error(path: str | Path, exc: BaseException) -> OutputError:
         reason = found.group(1)
     elif code and int(code.group(1)) in errno.errorcode:
         reason = os.strerror(int(code.group(1)))
-    elif "write failed" in text:
+    elif failed_write(exc):
         reason = "file write failed"
     elif strerror and "(" not in strerror:
         reason = strerror

@@ -175,6 +175,27 @@ class Manifest:
     def lossless(self) -> bool:
         return all(k.lossless for k in self.keys)
 
+    def object_differing(
+        self, found: Mapping[str, str], *, all_recorded: bool = True
+    ) -> tuple[str, str | None, str | None] | None:
+        """The first object (by name) whose ``found`` hash is not the one recorded, as
+        ``(name, recorded, found)`` with ``None`` for a side that has none; ``None`` if all
+        match. ``all_recorded``: every recorded object must be found (else only those found
+        are compared).
+
+        >>> m = Manifest("d4rl-hdf5", 1, 0, None, (), (), objects={"a": "1", "b": "2"})
+        >>> m.object_differing({"a": "1", "b": "3"}), m.object_differing({"a": "1"})
+        (('b', '2', '3'), ('b', '2', None))
+        >>> m.object_differing({"a": "1"}, all_recorded=False) is None
+        True
+        """
+        names = set(found) | set(self.objects) if all_recorded else set(found)
+        for name in sorted(names):
+            recorded, seen = self.objects.get(name), found.get(name)
+            if recorded != seen:
+                return name, recorded, seen
+        return None
+
     def to_json(self) -> dict[str, Any]:
         body = self._body()
         return {**body, "manifest_hash": content_hash(body)}

@@ -239,7 +239,7 @@ def test_observations_are_written_by_the_pass_that_reads_them(
     compress(src, tmp_path / "streamed.h5", codec="exact")
     streamed = sum(counts)
     counts.clear()
-    monkeypatch.setattr(hdf5, "streamable", lambda ds: False)
+    monkeypatch.setattr(hdf5_copy, "streamable", lambda ds: False)
     compress(src, tmp_path / "copied.h5", codec="exact")
     assert sum(counts) - streamed == obs_bytes
     assert (tmp_path / "streamed.h5").read_bytes() == (tmp_path / "copied.h5").read_bytes()
@@ -330,7 +330,7 @@ def test_inflate_writes_the_observations_in_the_pass_that_rebuilds_from_them(
     inflate(small, tmp_path / "streamed.hdf5")
     streamed = sum(counts)
     counts.clear()
-    monkeypatch.setattr(hdf5, "streamable", lambda ds: False)
+    monkeypatch.setattr(hdf5_copy, "streamable", lambda ds: False)
     inflate(small, tmp_path / "copied.hdf5")
     assert sum(counts) - streamed == obs_bytes
     assert (tmp_path / "streamed.hdf5").read_bytes() == (tmp_path / "copied.hdf5").read_bytes()
@@ -371,3 +371,30 @@ def test_observation_attributes_are_checked_before_anything_is_copied(
         f["observations"].attrs["units"] = "deg"
     expect_error(cli, "inflate", small, "-o", tmp_path / "back.hdf5", says=["@observations"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.hdf5", "small.h5"]
+
+
+def test_the_copy_follows_the_decisions_the_plan_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Which groups the copy rebuilds is worked out once a command: the plan asks it (which
+    observations the encoding pass copies) and the copy follows the same answers, each group's
+    contents looked at once (a robomimic file has hundreds of demos under one group)."""
+    made: list[hdf5_copy.CopyRule] = []
+    scanned: list[str] = []
+    init, scan = hdf5_copy.CopyRule.__init__, hdf5_copy.CopyRule._scan
+
+    def counted_init(self: hdf5_copy.CopyRule, *args: Any) -> None:
+        made.append(self)
+        init(self, *args)
+
+    def counted_scan(self: hdf5_copy.CopyRule, group: h5py.Group) -> tuple[bool, bool]:
+        if group.name not in self._below:
+            scanned.append(group.name)
+        return scan(self, group)
+
+    monkeypatch.setattr(hdf5_copy.CopyRule, "__init__", counted_init)
+    monkeypatch.setattr(hdf5_copy.CopyRule, "_scan", counted_scan)
+    compress(SAMPLE / "hopper_robomimic.hdf5", tmp_path / "out.hdf5", codec="exact")
+    assert len(made) == 1
+    assert scanned and len(scanned) == len(set(scanned))
+    verify(tmp_path / "out.hdf5")

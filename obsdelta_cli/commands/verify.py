@@ -111,14 +111,13 @@ def check_objects(
     deltas = {key_str(k) for k in (r.delta_key for r in manifest.keys) if k is not None}
     known = {name: manifest.objects[name] for name in later if name in manifest.objects}
     skip = object_skip(deltas, lambda n: f"@{n}" in manifest.objects)
-    found = fmt.object_hashes(source, skip, known)
-    for name in sorted(set(found) | set(manifest.objects)):
-        recorded, seen = manifest.objects.get(name), found.get(name)
-        if recorded != seen:
-            what = "an object the metadata does not list" if recorded is None else "copied data"
-            if seen is None:
-                what = "an object the metadata lists, now missing,"
-            raise mismatch(source.path, name, what, recorded or "none", seen)
+    differing = manifest.object_differing(fmt.object_hashes(source, skip, known))
+    if differing is not None:
+        name, recorded, seen = differing
+        what = "an object the metadata does not list" if recorded is None else "copied data"
+        if seen is None:
+            what = "an object the metadata lists, now missing,"
+        raise mismatch(source.path, name, what, recorded or "none", seen)
 
 
 def check_leaves(source: Source, manifest: Manifest) -> None:

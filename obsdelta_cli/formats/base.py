@@ -194,6 +194,9 @@ class Source:
     arrays: ArrayStore | None = None
     #: The adapter's own state (an open file, a TensorDict), for ``create``.
     handle: Any = None
+    #: Answers the adapter works out once per opened input and asks again later in the same
+    #: command (HDF5: which objects its copy rebuilds), by the adapter's own names.
+    memo: dict[str, Any] = field(default_factory=dict)
 
 
 class Format(ABC):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 from abc import abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +29,9 @@ import numpy as np
 import torch
 
 from ..checksum import Hasher
-from ..errors import (
-    InputError,
-    UsageError,
-    write_error,
-)
+from ..errors import InputError, UsageError, failed_write, write_error
 from .base import Format, Key, LeafSpec, Plan, Sink, Source, key_str
-from .hdf5_copy import RawCopies, in_place, raw_copyable, streamable
+from .hdf5_copy import CopyRule, RawCopies, in_place
 from .hdf5_leaves import (
     BF16_ATTR,
     MAGIC,
@@ -211,10 +207,8 @@ class HDF5Format(Format):
             ) from None
 
     def streams(self, source: Source, keys: frozenset[Key], order: Sequence[Key]) -> frozenset[Key]:
-        kept = set(order)
-        dropped = {key_str(k) for k in source.leaves if k not in kept}
         paths = {key_str(k): k for k in keys if isinstance(source.leaves[k], H5Leaf)}
-        return frozenset(paths[p] for p in _streamed_copies(source.handle, paths, dropped))
+        return frozenset(paths[p] for p in _copy_rule(source, order).streamed(paths))
 
     def bookkeeping(self, source: Source, removed: list[Key]) -> int:
         f: h5py.File = source.handle
@@ -240,13 +234,12 @@ class HDF5Format(Format):
         copy_attrs(src, out)
         if META_ATTR in out.attrs:
             del out.attrs[META_ATTR]
-        kept = set(plan.order)
-        dropped = {key_str(k) for k in source.leaves if k not in kept}
+        rule = _copy_rule(source, plan.order)
         fd = _OUTPUT_FDS[id(out)]
         copies = _COPIES[id(out)] = RawCopies(source.path, out, fd)
         # The plan streams only what this copy leaves to the encoding pass (see streams()).
         streamed = {key_str(k): source.leaves[k].dtype for k in plan.streamed}
-        _copy_tree(src, out, dropped, copies, streamed)
+        _copy_tree(src, out, rule, copies, streamed)
         passed = copies.start()
         compression = plan.options.get("h5_compression")
         kwargs = compression_kwargs(compression) if compression else None
@@ -366,7 +359,7 @@ def closed_on_failure(out: h5py.File, path: Path) -> Iterator[None]:
         yield
     except (OSError, RuntimeError) as exc:
         _close_quietly(out)
-        if isinstance(exc, RuntimeError) and "write failed" not in str(exc):
+        if isinstance(exc, RuntimeError) and not failed_write(exc):
             raise
         raise write_error(path, exc) from None
     except BaseException:
@@ -443,93 +436,44 @@ def _keep_layout(out: h5py.File, original: h5py.Dataset) -> None:
 ALLOC_TIMES = (h5py.h5d.ALLOC_TIME_EARLY, h5py.h5d.ALLOC_TIME_LATE, h5py.h5d.ALLOC_TIME_INCR)
 
 
+def _copy_rule(source: Source, order: Sequence[Key]) -> CopyRule:
+    """The copy's decisions for an output keeping the leaves in ``order``: worked out once, when
+    the plan is made, and followed by the copy."""
+    kept = set(order)
+    dropped = {key_str(k) for k in source.leaves if k not in kept}
+    rules: dict[frozenset[str], CopyRule] = source.memo.setdefault("copy_rules", {})
+    frozen = frozenset(dropped)
+    if frozen not in rules:
+        rules[frozen] = CopyRule(source.handle, dropped)
+    return rules[frozen]
+
+
 def _copy_tree(
     src: h5py.Group,
     dst: h5py.Group,
-    dropped: set[str],
+    rule: CopyRule,
     copies: RawCopies,
     streamed: dict[str, torch.dtype],
 ) -> None:
-    """Copy ``src`` into ``dst`` except the datasets in ``dropped`` and obsdelta's own group;
+    """Copy ``src`` into ``dst`` except the datasets ``rule`` drops and obsdelta's own group;
     large contiguous datasets through ``copies`` (those in ``streamed`` left to the encoding
     pass), everything else with HDF5's object copy."""
     for name, obj in src.items():
         path = obj.name.lstrip("/")
-        if path == OWN or path in dropped:
+        if path == OWN or path in rule.dropped:
             continue
-        if isinstance(obj, h5py.Group) and _rewritten(obj, dropped, copies.source_size):
+        if isinstance(obj, h5py.Group) and rule.rewritten(obj):
             group = h5py.Group(
                 h5py.h5g.create(dst.id, name.encode(), gcpl=obj.id.get_create_plist())
             )
             copy_attrs(obj, group)
-            _copy_tree(obj, group, dropped, copies, streamed)
+            _copy_tree(obj, group, rule, copies, streamed)
             if not len(group) and not len(group.attrs) and len(obj):
                 del dst[name]  # emptied by the rewrite, and nothing else to keep
-        elif isinstance(obj, h5py.Dataset) and _copied_raw(obj, copies.source_size):
+        elif isinstance(obj, h5py.Dataset) and rule.copied_raw(obj):
             copies.add(obj, dst, name, streamed=streamed.get(path))
         else:
             src.copy(obj, dst, name=name)
-
-
-def _rewritten(group: h5py.Group, dropped: set[str], source_size: int) -> bool:
-    """Whether :func:`_copy_tree` rebuilds ``group`` object by object rather than copying it
-    whole: it loses a dataset, or holds one to copy raw."""
-    path = group.name.lstrip("/")
-    return any(d.startswith(path + "/") for d in dropped) or _raw_below(group, source_size)
-
-
-def _copied_raw(ds: h5py.Dataset, source_size: int) -> bool:
-    """Whether :func:`_copy_tree` copies ``ds``'s bytes itself (where its group is rewritten)."""
-    return _linked_once(ds) and raw_copyable(ds, source_size)
-
-
-def _streamed_copies(f: h5py.File, paths: Iterable[str], dropped: set[str]) -> set[str]:
-    """Those of the datasets at ``paths`` that :func:`_copy_tree` leaves to the encoding pass
-    when it drops ``dropped``: copied raw, in groups rewritten down to them. The others are
-    copied whole by HDF5, so their values must be checked as objects."""
-    size = Path(f.filename).stat().st_size
-    rewritten: dict[str, bool] = {}  # by group: a robomimic file has hundreds of pairs a group
-
-    def kept_apart(group: str) -> bool:
-        if group not in rewritten:
-            rewritten[group] = _rewritten(f[group], dropped, size)
-        return rewritten[group]
-
-    found = set()
-    for path in paths:
-        parts = path.split("/")
-        ds = f.get(path)
-        if (
-            isinstance(ds, h5py.Dataset)
-            and streamable(ds)
-            and _copied_raw(ds, size)
-            and all(kept_apart("/".join(parts[:i])) for i in range(1, len(parts)))
-        ):
-            found.add(path)
-    return found
-
-
-def _linked_once(obj: Any) -> bool:
-    return int(h5py.h5o.get_info(obj.id).rc) == 1
-
-
-def _raw_below(group: h5py.Group, source_size: int) -> bool:
-    """Whether ``group`` holds a dataset to copy raw, and copying it object by object keeps it
-    as it is: no object in it is linked twice (one object copy of the group keeps the two
-    links to one object; copies of each would make two)."""
-    found = False
-    for obj in _walk(group):
-        if not _linked_once(obj):
-            return False
-        found = found or (isinstance(obj, h5py.Dataset) and raw_copyable(obj, source_size))
-    return found and _linked_once(group)
-
-
-def _walk(group: h5py.Group) -> Iterator[Any]:
-    for obj in group.values():
-        yield obj
-        if isinstance(obj, h5py.Group):
-            yield from _walk(obj)
 
 
 def h5_groups(group: h5py.Group) -> Iterator[tuple[str, h5py.Group]]:

@@ -13,6 +13,7 @@ import errno
 import math
 import os
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,77 @@ def raw_copyable(ds: h5py.Dataset, file_size: int) -> bool:
         # properties of an opened dataset do not say whether it stores times: its header does.)
         and not h5py.h5o.get_info(ds.id).ctime
     )
+
+
+class CopyRule:
+    """Which objects of ``f`` a copy that drops the datasets at ``dropped`` rebuilds itself,
+    worked out once per command: the plan asks before anything is checked (which observations
+    the encoding pass copies, hashing them as it reads them) and the copy follows the same
+    answers. A group is *rewritten* (object by object) where it loses a dataset or holds one
+    to copy raw; everything else is copied whole by HDF5's object copy.
+    """
+
+    def __init__(self, f: h5py.File, dropped: set[str]) -> None:
+        self.dropped = dropped
+        self.source_size = Path(f.filename).stat().st_size
+        self._f = f
+        # By group path: (no object below is linked twice, a dataset below is copied raw).
+        # A robomimic file has hundreds of demos, each asked about by each group above it.
+        self._below: dict[str, tuple[bool, bool]] = {}
+
+    def rewritten(self, group: h5py.Group) -> bool:
+        """Whether ``group`` is rebuilt object by object rather than copied whole."""
+        path = group.name.lstrip("/")
+        if any(d.startswith(path + "/") for d in self.dropped):
+            return True
+        # Copying object by object keeps the group as it is only where no object in it is
+        # linked twice: one object copy of the group keeps two links to one object, copies of
+        # each would make two objects.
+        single, raw = self._scan(group)
+        return single and raw and linked_once(group)
+
+    def copied_raw(self, ds: h5py.Dataset) -> bool:
+        """Whether the copy moves ``ds``'s bytes itself (where its group is rewritten)."""
+        return linked_once(ds) and raw_copyable(ds, self.source_size)
+
+    def streamed(self, paths: Iterable[str]) -> set[str]:
+        """Those of the datasets at ``paths`` that the copy leaves to the encoding pass: copied
+        raw, in groups rewritten down to them. The others are copied whole by HDF5, so their
+        values must be checked as objects."""
+        found = set()
+        for path in paths:
+            parts = path.split("/")
+            ds = self._f.get(path)
+            if (
+                isinstance(ds, h5py.Dataset)
+                and streamable(ds)
+                and self.copied_raw(ds)
+                and all(self.rewritten(self._f["/".join(parts[:i])]) for i in range(1, len(parts)))
+            ):
+                found.add(path)
+        return found
+
+    def _scan(self, group: h5py.Group) -> tuple[bool, bool]:
+        path = group.name
+        if path not in self._below:
+            single, raw = True, False
+            for obj in group.values():
+                if not linked_once(obj):
+                    single = False
+                    break
+                if isinstance(obj, h5py.Group):
+                    below_single, below_raw = self._scan(obj)
+                    single, raw = below_single, raw or below_raw
+                    if not single:
+                        break
+                elif isinstance(obj, h5py.Dataset) and not raw:
+                    raw = raw_copyable(obj, self.source_size)
+            self._below[path] = single, raw
+        return self._below[path]
+
+
+def linked_once(obj: Any) -> bool:
+    return int(h5py.h5o.get_info(obj.id).rc) == 1
 
 
 def streamable(ds: h5py.Dataset) -> bool:

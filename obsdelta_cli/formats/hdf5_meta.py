@@ -13,6 +13,7 @@ import numpy as np
 from ..errors import InputError
 from .apart import apart
 from .hdf5_leaves import META_ATTR, OWN
+from .hdf5_safety import Stamp, file_stamp
 
 #: A manifest longer than this is stored zlib-compressed in the dataset ``/obsdelta/manifest``
 #: (one record per robomimic demo and key adds up), the root attribute then naming it: an HDF5
@@ -56,23 +57,15 @@ def _meta_text(f: h5py.File) -> tuple[str, str] | None:
     return "other", ""
 
 
-#: Why the metadata of a file could not be read, by (device, inode, size, mtime).
-_UNREADABLE: dict[tuple[int, int, int, int], str] = {}
-
-
-def _stamp(file: Path) -> tuple[int, int, int, int] | None:
-    try:
-        st = file.stat()
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+#: Why the metadata of a file could not be read.
+_UNREADABLE: dict[Stamp, str] = {}
 
 
 def read_meta(f: h5py.File, file: Path) -> dict[str, Any] | None:
     """The manifest, or ``None`` in a file without one. The attribute is read in a child
     process (:mod:`.apart`), within :data:`META_SECONDS`: it is a variable-length string, kept
     in a heap that, damaged, made HDF5 read it forever."""
-    stamp = _stamp(file)
+    stamp = file_stamp(file)
     why = _UNREADABLE.get(stamp) if stamp is not None else None
     if why is None:
         try:

@@ -10,7 +10,7 @@ from typing import Any
 
 import h5py
 
-from ..errors import InputError, ObsdeltaError
+from ..errors import InputError, ObsdeltaError, failed_write
 
 #: What to do about a packed file found damaged.
 PACK_DAMAGED = "the packed file is damaged; restore it from a copy"
@@ -31,9 +31,9 @@ def reading_pack(file: Path) -> Iterator[None]:
     except ObsdeltaError:
         raise  # said precisely already (some are ValueErrors too)
     except (OSError, RuntimeError, KeyError, ValueError) as exc:
-        text = " ".join(str(exc).split())
-        if "write failed" in text:
+        if failed_write(exc):
             raise
+        text = " ".join(str(exc).split())
         raise damaged_pack(file, f"cannot read an object ({text})") from None
 
 
@@ -47,9 +47,22 @@ _OUTSIDE_HINT = (
     "obsdelta reads only data stored inside the file; copy the data in "
     "(e.g. h5py's Group.copy, or h5repack) and retry"
 )
-#: Files already found self-contained, by (device, inode, size, mtime): detection opens a file
-#: once per HDF5 layout, and a file with many objects takes a while to walk.
-_CONTAINED: set[tuple[int, int, int, int]] = set()
+#: A file as it is now: (device, inode, size, modification time in ns). Caches of what was
+#: found out about a file are keyed by it, so a file replaced or changed is looked at again.
+Stamp = tuple[int, int, int, int]
+#: Files already found self-contained: detection opens a file once per HDF5 layout, and a file
+#: with many objects takes a while to walk.
+_CONTAINED: set[Stamp] = set()
+
+
+def file_stamp(path: Path) -> Stamp | None:
+    """``path``'s :data:`Stamp`, or ``None`` where it cannot be read (nothing is then cached)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
 
 #: A selection that is one box: its first index and its end (exclusive) in each dimension.
 Box = tuple[tuple[int, ...], tuple[int, ...]]
@@ -73,11 +86,7 @@ def check_contained(f: h5py.File, path: Path, virtual: Allowed | None = None) ->
     packed file may hold virtual datasets (``virtual`` says which mappings its manifest
     records), each mapping stored datasets of the same file exactly as recorded.
     """
-    try:
-        st = path.stat()
-    except OSError:
-        st = None
-    stamp = None if st is None else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    stamp = file_stamp(path)
     if stamp is not None and stamp in _CONTAINED:
         return  # no virtual dataset at all: fine whatever ``virtual`` allows
     try:

@@ -474,11 +474,11 @@ def _check_kept(packed: Source, datasets: dict[str, Any], inner: Manifest) -> No
     HDF5 can crash on a damaged object it copies."""
     with reading_pack(packed.path):
         found = hash_objects_apart(packed.handle, packed.path, lambda name: name in datasets)
-    for name, seen in found.items():
-        recorded = inner.objects.get(name)
-        if recorded != seen:
-            what = "is not in its record" if recorded is None else "does not match its hash"
-            raise damaged_pack(packed.path, f"object {name or '/'} {what}")
+    differing = inner.object_differing(found, all_recorded=False)
+    if differing is not None:
+        name, recorded, _ = differing
+        what = "is not in its record" if recorded is None else "does not match its hash"
+        raise damaged_pack(packed.path, f"object {name or '/'} {what}")
 
 
 def _unpack_hdf5(packed: Source, info: dict[str, Any], inner: Manifest, out: Path) -> None:
