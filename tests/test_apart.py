@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,13 +15,15 @@ import h5py
 import numpy as np
 import pytest
 
+from obsdelta_cli import compress
 from obsdelta_cli.errors import InputError
-from obsdelta_cli.formats import hdf5_meta
-from obsdelta_cli.formats.apart import ChildFault, apart
+from obsdelta_cli.formats import apart as apart_module
+from obsdelta_cli.formats import hdf5_meta, hdf5_objects, hdf5_safety
+from obsdelta_cli.formats.apart import ChildFault, apart, beat
 from obsdelta_cli.formats.hdf5_leaves import META_ATTR
 from obsdelta_cli.formats.hdf5_meta import read_meta
 
-from .conftest import Cli
+from .conftest import SAMPLE, Cli
 from .test_cli_errors import expect_error
 
 
@@ -70,6 +74,56 @@ def test_a_read_that_does_not_return_is_stopped_at_the_time_limit() -> None:
     assert _children() == before  # killed and reaped
 
 
+def test_the_limit_is_on_silence_not_on_the_whole_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hashing a large file takes as long as reading it: a child that says it is getting on
+    is left to finish however long it takes."""
+    monkeypatch.setattr(apart_module, "BEAT_SECONDS", 0.05)
+
+    def long_read() -> str:
+        for _ in range(25):
+            beat()
+            time.sleep(0.1)
+        return "done"
+
+    assert apart(long_read, timeout=1.0) == "done"
+    beat()  # outside a child: nothing to tell
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_child_does_not_outlive_its_parent(tmp_path: Path) -> None:
+    """A command killed outright (SIGKILL, or a pipeline's timeout) takes its child with it: a
+    child left reading a damaged file forever kept a core busy."""
+    mark = tmp_path / "child.pid"
+    script = (
+        "import os, time\n"
+        "from obsdelta_cli.formats.apart import apart\n"
+        f"apart(lambda: (open({str(mark)!r}, 'w').write(str(os.getpid())), time.sleep(600)))\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 60
+        while not (mark.exists() and mark.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int(mark.read_text())
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child)
+    finally:
+        parent.kill()
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, killed and waiting for init to reap it, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 def test_from_a_thread_too() -> None:
     """A Dask worker runs commands in threads: the forking thread is the child's main one."""
     with ThreadPoolExecutor(1) as pool:
@@ -113,3 +167,37 @@ def test_where_no_child_can_be_made_the_work_runs_here(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(os, "fork", refused)
     assert apart(lambda: os.getpid()) == os.getpid()
+
+
+def _heaps_zeroed(path: Path) -> None:
+    """The header of the first object of every global heap zeroed (as a zeroed page does)."""
+    data = bytearray(path.read_bytes())
+    at = data.find(b"GCOL")
+    assert at > 0  # robomimic's env_args is a variable-length string
+    while at > 0:
+        data[at + 16 : at + 32] = bytes(16)
+        at = data.find(b"GCOL", at + 1)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["compressed", "packed"])
+def test_a_zeroed_heap_is_damage_not_a_hang(
+    pack: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: Cli
+) -> None:
+    """obsdelta's metadata is a fixed-length string, out of the heap; what is left in it (a
+    robomimic file's env_args, a packed file's virtual mappings) is read in a child that is
+    stopped once silent too long: HDF5 looped there, and verify and inflate never ended."""
+    for module in (hdf5_objects, hdf5_safety):
+        monkeypatch.setattr(module, "SILENCE_SECONDS", 2.0)
+    small = tmp_path / "small.hdf5"
+    compress(SAMPLE / "hopper_robomimic.hdf5", small, codec="exact", pack=pack)
+    with h5py.File(small, "r") as f:
+        assert not f.attrs.get_id(META_ATTR).get_type().is_variable_str()
+        assert read_meta(f, small) is not None
+    _heaps_zeroed(small)
+    with h5py.File(small, "r") as f:  # read at once, unharmed: not in the heap
+        assert read_meta(f, small) is not None
+    for args in (["verify", small], ["inflate", small, "-o", tmp_path / "back.hdf5"]):
+        start = time.monotonic()
+        expect_error(cli, *args, says=[small, "did not return from reading it in 2 s", "damaged"])
+        assert time.monotonic() - start < 60

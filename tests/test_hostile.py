@@ -329,7 +329,7 @@ def test_a_manifest_outside_the_file_is_never_read(cli: Cli, tmp_path: Path) -> 
         f.attrs["obsdelta"] = json.dumps({"manifest": "obsdelta/manifest"})
         f["obsdelta/manifest"] = h5py.ExternalLink("outside.h5", "/x")
     with h5py.File(tmp_path / "outside.h5", "w") as g:
-        raw = np.frombuffer(zlib.compress(text.encode()), np.uint8)
+        raw = np.frombuffer(zlib.compress(bytes(text)), np.uint8)
         g.create_dataset("x", data=raw.view(h5py.opaque_dtype(np.dtype("V1"))))
     assert not is_packed(packed)
     says = [packed, "object /obsdelta/manifest is an external link to outside.h5:/x"]

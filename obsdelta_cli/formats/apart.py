@@ -6,9 +6,14 @@ another type crashed HDF5 as it was read (a segmentation fault), and a zeroed pa
 that holds variable-length strings made HDF5 read obsdelta's own metadata forever. Here such
 a read is one :class:`ValueError` naming what happened, which the caller reports as damage.
 
+A time limit is on silence, not on the whole read: work that takes long (hashing every object
+of a large file) calls :func:`beat` as it goes, and is stopped only once it has said nothing
+for that long. A zeroed heap made HDF5 loop in one attribute read of a robomimic file's objects.
+
 h5py's lock is held while forking, so no other thread is inside h5py when the child starts;
 HDF5 reads with ``pread``, so the child moves no file offset the parent relies on; the child
-leaves with ``os._exit``, running no clean-up of files it shares with the parent. Where the
+leaves with ``os._exit``, running no clean-up of files it shares with the parent, and on Linux
+it is killed if its parent dies (a command killed outright leaves no child looping). Where the
 system has no ``fork``, or refuses one (memory short under strict overcommit), the work runs in
 the process.
 
@@ -19,11 +24,13 @@ the process.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import faulthandler
 import json
 import os
 import select
 import signal
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -31,6 +38,22 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 #: Errors of a damaged file, as h5py and obsdelta's readers raise them.
 DAMAGE = (OSError, ValueError, KeyError, RuntimeError, TypeError)
+#: Longest silence of a child that reads a whole file (:func:`beat` resets it): generous, as a
+#: network file system may stall for a while.
+SILENCE_SECONDS = 120.0
+#: A child says it is alive at most this often.
+BEAT_SECONDS = 1.0
+#: In a child: the pipe to its parent, and when it last wrote to it.
+_beats: list[Any] = [None, 0.0]
+_BEAT = b"."
+
+
+def beat() -> None:
+    """Tell the parent this child is making progress (nothing outside a child)."""
+    fd = _beats[0]
+    if fd is not None and time.monotonic() - _beats[1] >= BEAT_SECONDS:
+        _beats[1] = time.monotonic()
+        os.write(fd, _BEAT)
 
 
 class ChildFault(Exception):
@@ -38,13 +61,15 @@ class ChildFault(Exception):
 
 
 def apart(work: Callable[[], T], *, timeout: float | None = None) -> T:
-    """``work()`` (whose result is JSON) run in a forked child; HDF5 crashing there, or not
-    returning within ``timeout`` seconds, is a ValueError, as are the errors of damage."""
+    """``work()`` (whose result is JSON) run in a forked child; HDF5 crashing there, or saying
+    nothing for ``timeout`` seconds (see :func:`beat`), is a ValueError, as are the errors of
+    damage."""
     if not hasattr(os, "fork"):
         return work()
     from h5py._objects import phil
 
     read, write = os.pipe()
+    parent = os.getpid()
     try:
         with phil:
             pid = os.fork()
@@ -55,6 +80,8 @@ def apart(work: Callable[[], T], *, timeout: float | None = None) -> T:
     if pid == 0:  # pragma: no cover - the child's coverage is not collected
         try:
             os.close(read)
+            _die_with(parent)
+            _beats[:] = [write, time.monotonic()]
             faulthandler.disable()  # a crash is the parent's one line, not a dump of frames
             # The forking thread is the child's main thread, whichever it was (a Dask task's).
             signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -85,6 +112,7 @@ def apart(work: Callable[[], T], *, timeout: float | None = None) -> T:
         os.close(read)
     if late:
         raise ValueError(f"HDF5 did not return from reading it in {timeout:.0f} s")
+    data = data.lstrip(_BEAT)
     if os.WIFSIGNALED(status):
         raise ValueError(f"HDF5 crashed on it: {_signal_name(os.WTERMSIG(status))}")
     payload = json.loads(data) if data else {"fault": "the child gave no result"}
@@ -97,18 +125,30 @@ def apart(work: Callable[[], T], *, timeout: float | None = None) -> T:
 
 
 def _collect(fd: int, timeout: float | None) -> tuple[bytes, bool]:
-    """Everything the child writes to ``fd``, and whether ``timeout`` ran out first."""
+    """Everything the child writes to ``fd``, and whether it was silent for ``timeout``
+    seconds first."""
     parts: list[bytes] = []
-    end = None if timeout is None else time.monotonic() + timeout
     while True:
-        if end is not None:
-            left = end - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                return b"".join(parts), True
+        if timeout is not None and not select.select([fd], [], [], timeout)[0]:
+            return b"".join(parts), True
         part = os.read(fd, 1 << 16)
         if not part:
             return b"".join(parts), False
         parts.append(part)
+
+
+def _die_with(parent: int) -> None:  # pragma: no cover - runs in the child
+    """Have the kernel kill this child when its parent dies (Linux); a parent already gone
+    (killed while forking) ends it at once."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def _signal_name(number: int) -> str:

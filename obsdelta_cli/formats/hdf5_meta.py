@@ -32,16 +32,18 @@ def write_meta(out: h5py.File, meta: dict[str, Any], plain_bytes: int = PLAIN_ME
     """Store the manifest: as the JSON root attribute, or when longer than ``plain_bytes``,
     zlib-compressed in an opaque dataset (non-tensor data to HDF5 readers) that the attribute
     names."""
-    text = json.dumps(meta)
-    if len(text) <= plain_bytes:
-        out.attrs[META_ATTR] = text
-        return
-    packed = np.frombuffer(zlib.compress(text.encode(), 6), dtype=np.uint8)
-    ds = out.create_dataset(
-        MANIFEST, shape=packed.shape, dtype=h5py.opaque_dtype(np.dtype("V1")), track_times=False
-    )
-    ds[...] = packed.view(ds.dtype)
-    out.attrs[META_ATTR] = json.dumps({"manifest": MANIFEST})
+    text = json.dumps(meta)  # ASCII: json escapes every other character
+    if len(text) > plain_bytes:
+        packed = np.frombuffer(zlib.compress(text.encode(), 6), dtype=np.uint8)
+        ds = out.create_dataset(
+            MANIFEST, shape=packed.shape, dtype=h5py.opaque_dtype(np.dtype("V1")), track_times=False
+        )
+        ds[...] = packed.view(ds.dtype)
+        text = json.dumps({"manifest": MANIFEST})
+    # A fixed-length string, held in the root group's header, not a variable-length one, held
+    # in a global heap: HDF5 read a zeroed heap forever. Files written before keep the heap
+    # (read within META_SECONDS); older obsdelta versions read this one as bytes.
+    out.attrs.create(META_ATTR, np.bytes_(text.encode("ascii")))
 
 
 def _meta_text(f: h5py.File) -> tuple[str, str] | None:

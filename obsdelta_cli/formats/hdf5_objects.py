@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 import xxhash
 
-from .apart import apart
+from .apart import SILENCE_SECONDS, apart, beat
 from .direct import PIECE, ColdReads
 from .hdf5_leaves import META_ATTR, OWN, objects_of
 
@@ -33,6 +33,7 @@ def hash_objects(
     cold = ColdReads(fd)  # an input checked before it is copied is usually not in memory
     try:
         for name, obj in objects_of(f):
+            beat()
             if name == OWN or name.startswith(f"{OWN}/") or skip(name):
                 continue
             if isinstance(obj, h5py.Dataset):
@@ -52,9 +53,9 @@ def hash_objects_apart(
     known: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """:func:`hash_objects` in a forked child (:mod:`.apart`): hashing reads every object's
-    attributes, and a damaged one can crash HDF5 itself. No time limit: hashing a large file
-    takes as long as reading it."""
-    return apart(lambda: hash_objects(f, file, skip, known))
+    attributes, and a damaged one can crash HDF5 itself, or make it loop. The child is given
+    :data:`~.apart.SILENCE_SECONDS` between signs of progress, however long the whole takes."""
+    return apart(lambda: hash_objects(f, file, skip, known), timeout=SILENCE_SECONDS)
 
 
 def attrs_hash(obj: Any, exclude: str | None = None) -> str:
@@ -89,6 +90,7 @@ def _raw_hash(ds: h5py.Dataset, fd: int, cold: ColdReads | None = None) -> str:
                 continue
             h.update(f"{offset}: {mask} {len(raw)}".encode())
             h.update(raw)
+            beat()
     elif layout == h5py.h5d.CONTIGUOUS:
         offset = dsid.get_offset()
         if offset is not None:
@@ -128,6 +130,7 @@ def hash_span(h: Any, fd: int, offset: int, size: int, cold: ColdReads | None = 
             raise ValueError(f"storage at {offset} runs past the end of the file")
         h.update(piece)
         done += len(piece)
+        beat()
 
 
 def header_bytes(obj: Any, *, group: bool) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 import h5py
 
 from ..errors import InputError, ObsdeltaError, failed_write
+from .apart import SILENCE_SECONDS, apart, beat
 
 #: What to do about a packed file found damaged.
 PACK_DAMAGED = "the packed file is damaged; restore it from a copy"
@@ -85,23 +86,39 @@ def check_contained(f: h5py.File, path: Path, virtual: Allowed | None = None) ->
     files; virtual datasets, whose data sits in other datasets, usually other files. Only a
     packed file may hold virtual datasets (``virtual`` says which mappings its manifest
     records), each mapping stored datasets of the same file exactly as recorded.
+
+    The walk runs in a forked child (:mod:`.apart`): link values and virtual mappings are
+    kept in a heap that, zeroed, made HDF5 read them forever.
     """
     stamp = file_stamp(path)
     if stamp is not None and stamp in _CONTAINED:
         return  # no virtual dataset at all: fine whatever ``virtual`` allows
     try:
-        _check_links(f, path)
-        _check_datasets(f, path, virtual)
-    except (OSError, RuntimeError, ValueError, KeyError) as exc:
+        refused = apart(lambda: _refusal(f, path, virtual), timeout=SILENCE_SECONDS)
+    except ValueError as exc:  # an error of damage in the child, a crash, or silence
         raise damaged_file(path, exc) from None
+    if refused is not None:
+        message, hint = refused
+        raise InputError(message, file=path, hint=hint)
     if stamp is not None and virtual is None:
         _CONTAINED.add(stamp)
+
+
+def _refusal(f: h5py.File, path: Path, virtual: Allowed | None) -> tuple[str, str | None] | None:
+    """Why ``f`` is refused, as message and hint; ``None`` for a file kept to itself."""
+    try:
+        _check_links(f, path)
+        _check_datasets(f, path, virtual)
+    except InputError as err:
+        return err.message, err.hint
+    return None
 
 
 def _check_links(f: h5py.File, path: Path) -> None:
     found: list[tuple[bytes, int]] = []
 
     def visit(name: bytes, info: Any) -> None:
+        beat()
         if info.type != h5py.h5l.TYPE_HARD:
             found.append((name, info.type))
             return None
@@ -176,6 +193,7 @@ def _check_datasets(f: h5py.File, path: Path, virtual: Allowed | None) -> None:
     damaged: list[str] = []
 
     def visit(name: bytes, info: Any) -> None:
+        beat()
         if info.type != h5py.h5o.TYPE_DATASET:
             return None
         dsid = h5py.h5o.open(f.id, name)
