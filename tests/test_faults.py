@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -260,3 +261,72 @@ def test_tampered_file_takes_no_more_memory(
         rc, peak = _peak_rss_kb(command, str(tampered))
         assert rc == 1
         assert peak <= sound + 2 * size_kb, (command, peak, sound, size_kb)
+
+
+#: Runs obsdelta's CLI with the time limits on reads run apart at 10 s, so that a hang shows
+#: as one error line (or the subprocess timeout) within a test's time.
+_CLI_QUICK_LIMITS = (
+    "import obsdelta_cli.formats.hdf5_objects as o, obsdelta_cli.formats.hdf5_safety as s, "
+    "obsdelta_cli.formats.hdf5_meta as m; "
+    "o.SILENCE_SECONDS = s.SILENCE_SECONDS = m.META_SECONDS = 10.0; "
+    "from obsdelta_cli.__main__ import main; main()"
+)
+
+
+def _cli(*args: str | Path) -> tuple[int | str, str]:
+    """Exit code (``"hang"`` past 90 s, a negative number for a signal) and stderr of the CLI
+    in a process of its own: a crash or an endless read of HDF5 shows, not only an exception."""
+    argv = [sys.executable, "-c", _CLI_QUICK_LIMITS, *map(str, args)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=90)
+    except subprocess.TimeoutExpired:
+        return "hang", ""
+    return done.returncode, done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pack", [False, True], ids=["compressed", "packed"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_zeroed_pages_and_truncations_are_caught(
+    kind: str, pack: bool, hopper: TensorDictBase, tmp_path: Path
+) -> None:
+    """A zeroed 4 KiB page or a truncation of any file of an output, through the CLI: one error
+    line and exit 1, or exactly the original; never a crash, a hang, a traceback or a partial
+    output. (A zeroed page of the heap holding variable-length strings made HDF5 loop.)"""
+    src = WRITERS[kind](hopper[:600].clone(), tmp_path / "in")
+    small = tmp_path / ("small.h5" if pack else f"small{src.suffix}")
+    compress(src, small, codec="exact", pack=pack)
+    inflate(small, tmp_path / f"ref{src.suffix}")
+    reference = _content(tmp_path / f"ref{src.suffix}")
+    rng = random.Random(f"pages-{kind}-{pack}")
+    bad = []
+    for i in range(12):
+        damaged, back = tmp_path / f"d{small.suffix}", tmp_path / f"b{src.suffix}"
+        (shutil.copytree if small.is_dir() else shutil.copy)(small, damaged)
+        target = rng.choice(_files(damaged))
+        size = target.stat().st_size
+        page = rng.randrange(max(1, -(-size // 4096)))
+        if i % 2 == 0:
+            with open(target, "r+b") as f:
+                f.seek(page * 4096)
+                f.write(bytes(min(4096, size - page * 4096)))
+        else:
+            os.truncate(target, page * 4096 if page else rng.randrange(size))
+        where = f"{'zeroed' if i % 2 == 0 else 'cut at'} {target.name} page {page}"
+        verified, _ = _cli("verify", damaged)
+        code, stderr = _cli("inflate", damaged, "-o", back)
+        for step, rc in (("verify", verified), ("inflate", code)):
+            if rc not in (0, 1):
+                bad.append(f"{where}: {step} gave {rc}")
+        if code == 1:
+            lines = stderr.strip().splitlines()
+            if len(lines) != 1 or "Traceback" in stderr or back.exists():
+                bad.append(f"{where}: inflate said {stderr!r}")
+        elif code == 0 and _content(back) != reference:
+            bad.append(f"{where}: inflate gave other data" + (", verify passed" * (verified == 0)))
+        for p in (damaged, back):
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.exists():
+                p.unlink()
+    assert bad == []
