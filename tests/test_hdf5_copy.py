@@ -381,7 +381,9 @@ def test_the_copy_follows_the_decisions_the_plan_made(
     contents looked at once (a robomimic file has hundreds of demos under one group)."""
     made: list[hdf5_copy.CopyRule] = []
     scanned: list[str] = []
+    decided: list[str] = []
     init, scan = hdf5_copy.CopyRule.__init__, hdf5_copy.CopyRule._scan
+    holds_raw = hdf5_copy.CopyRule._holds_raw
 
     def counted_init(self: hdf5_copy.CopyRule, *args: Any) -> None:
         made.append(self)
@@ -392,9 +394,15 @@ def test_the_copy_follows_the_decisions_the_plan_made(
             scanned.append(group.name)
         return scan(self, group)
 
+    def counted_holds_raw(self: hdf5_copy.CopyRule, group: h5py.Group) -> bool:
+        decided.append(group.name)
+        return holds_raw(self, group)
+
     monkeypatch.setattr(hdf5_copy.CopyRule, "__init__", counted_init)
     monkeypatch.setattr(hdf5_copy.CopyRule, "_scan", counted_scan)
+    monkeypatch.setattr(hdf5_copy.CopyRule, "_holds_raw", counted_holds_raw)
     compress(SAMPLE / "hopper_robomimic.hdf5", tmp_path / "out.hdf5", codec="exact")
     assert len(made) == 1
     assert scanned and len(scanned) == len(set(scanned))
+    assert decided and len(decided) == len(set(decided))  # each group decided once
     verify(tmp_path / "out.hdf5")

@@ -74,18 +74,30 @@ class CopyRule:
         self.dropped = dropped
         self.source_size = Path(f.filename).stat().st_size
         self._f = f
-        # By group path: (no object below is linked twice, a dataset below is copied raw).
-        # A robomimic file has hundreds of demos, each asked about by each group above it.
+        # Every group above a dropped dataset: it loses one.
+        parts = [d.split("/") for d in dropped]
+        self._losing = {"/".join(p[:i]) for p in parts for i in range(1, len(p))}
+        # By group path: the answer, and (no object below is linked twice, a dataset below is
+        # copied raw). A robomimic file has hundreds of demos, each asked about by each group
+        # above it, and hundreds of pairs a group.
+        self._rewritten: dict[str, bool] = {}
         self._below: dict[str, tuple[bool, bool]] = {}
 
     def rewritten(self, group: h5py.Group) -> bool:
         """Whether ``group`` is rebuilt object by object rather than copied whole."""
-        path = group.name.lstrip("/")
-        if any(d.startswith(path + "/") for d in self.dropped):
-            return True
-        # Copying object by object keeps the group as it is only where no object in it is
-        # linked twice: one object copy of the group keeps two links to one object, copies of
-        # each would make two objects.
+        return self._rewritten_at(group.name.lstrip("/"), group)
+
+    def _rewritten_at(self, path: str, group: h5py.Group | None = None) -> bool:
+        if path not in self._rewritten:
+            self._rewritten[path] = path in self._losing or self._holds_raw(
+                self._f[path] if group is None else group
+            )
+        return self._rewritten[path]
+
+    def _holds_raw(self, group: h5py.Group) -> bool:
+        """Whether ``group`` holds a dataset to copy raw, and copying it object by object keeps
+        it as it is: no object in it is linked twice (one object copy of the group keeps two
+        links to one object; copies of each would make two objects)."""
         single, raw = self._scan(group)
         return single and raw and linked_once(group)
 
@@ -105,7 +117,7 @@ class CopyRule:
                 isinstance(ds, h5py.Dataset)
                 and streamable(ds)
                 and self.copied_raw(ds)
-                and all(self.rewritten(self._f["/".join(parts[:i])]) for i in range(1, len(parts)))
+                and all(self._rewritten_at("/".join(parts[:i])) for i in range(1, len(parts)))
             ):
                 found.add(path)
         return found

@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 
 from ..errors import InputError
-from .apart import apart
+from .apart import SILENCE_SECONDS, apart
 from .hdf5_leaves import META_ATTR, OWN
 from .hdf5_safety import Stamp, file_stamp
 
@@ -24,8 +24,8 @@ MANIFEST = f"{OWN}/manifest"
 #: reading it take more memory than this.
 MAX_META_BYTES = 1 << 28
 #: Reading the manifest attribute takes milliseconds; HDF5 still at it after this long is
-#: looping on damage (generous: a network file system may stall for a while).
-META_SECONDS = 120.0
+#: looping on damage (the limit of any read apart: it says nothing until it is done).
+META_SECONDS = SILENCE_SECONDS
 
 
 def write_meta(out: h5py.File, meta: dict[str, Any], plain_bytes: int = PLAIN_META_BYTES) -> None:
@@ -65,8 +65,9 @@ _UNREADABLE: dict[Stamp, str] = {}
 
 def read_meta(f: h5py.File, file: Path) -> dict[str, Any] | None:
     """The manifest, or ``None`` in a file without one. The attribute is read in a child
-    process (:mod:`.apart`), within :data:`META_SECONDS`: it is a variable-length string, kept
-    in a heap that, damaged, made HDF5 read it forever."""
+    process (:mod:`.apart`), within :data:`META_SECONDS`: a damaged attribute can crash HDF5,
+    and in files written before it became a fixed-length string, it is kept in a heap that,
+    damaged, made HDF5 read it forever."""
     stamp = file_stamp(file)
     why = _UNREADABLE.get(stamp) if stamp is not None else None
     if why is None:
