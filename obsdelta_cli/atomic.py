@@ -420,12 +420,15 @@ def release_locks() -> None:
 def _let_go(path: Path, fd: int) -> None:
     """Remove the lock file if it is ours to remove, then close ``fd``. Ours: we hold its lock
     or can take it at once (a file this run made, interrupted before locking it), and it is
-    the file at the path. Removed while held, so that a waiter retries with a fresh file."""
-    _HELD.pop(fd, None)
+    the file at the path. Removed while held, so that a waiter retries with a fresh file.
+
+    Forgotten by :data:`_HELD` only once the file is gone: a signal landing before that (a
+    worker finishing its output as the batch is stopped) leaves it to :func:`release_locks`."""
     with contextlib.suppress(OSError):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a no-op if held already
         if _at(path, fd):
             os.unlink(path)
+    _HELD.pop(fd, None)
     os.close(fd)
 
 

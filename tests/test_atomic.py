@@ -21,7 +21,7 @@ import pytest
 import torch
 from tensordict import TensorDictBase
 
-from obsdelta_cli import atomic, compress, inflate, verify
+from obsdelta_cli import atomic, compress, inflate, interrupts, verify
 from obsdelta_cli.atomic import (
     atomic_output,
     check_replaceable,
@@ -29,6 +29,7 @@ from obsdelta_cli.atomic import (
     clean_stale,
     estimate_output_bytes,
     output_lock,
+    release_locks,
 )
 from obsdelta_cli.errors import OutputError
 from obsdelta_cli.formats.base import LeafSpec, Plan, Source
@@ -251,6 +252,27 @@ def test_a_signal_while_waiting_for_the_lock_leaves_the_holders_file(
         with pytest.raises(OutputError, match="another obsdelta run"), output_lock(out, wait=False):
             pytest.fail("the lock was taken twice")
     assert _debris(tmp_path) == []
+
+
+def test_a_signal_while_letting_go_of_the_lock_leaves_no_lock_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A batch stopped by SIGTERM just as a worker finished an output: the signal landed while
+    # the lock was let go of, after the lock had been forgotten and before its file was removed.
+    real, calls = atomic._at, []
+
+    def at(path: Path, fd: int) -> bool:
+        calls.append(path)
+        if len(calls) == 2:  # the first is taking the lock, the second letting go of it
+            raise interrupts.Terminated
+        return real(path, fd)
+
+    monkeypatch.setattr(atomic, "_at", at)
+    with pytest.raises(interrupts.Terminated), output_lock(tmp_path / "out", wait=False):
+        pass
+    release_locks()  # what a stopped worker, or the command, does on its way out
+    assert _debris(tmp_path) == []
+    assert atomic._HELD == {}
 
 
 def _race(tmp_path: Path, trial: int, force: bool) -> list[tuple[int, str, str]]:
