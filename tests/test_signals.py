@@ -3,6 +3,7 @@ no partial output, at start-up and in the middle of a ``--jobs 2`` batch."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -37,6 +38,20 @@ def _start(argv: list[str], cwd: Path) -> subprocess.Popen[str]:
     )
 
 
+def _wait_for_handlers(proc: subprocess.Popen[str]) -> None:
+    """Until obsdelta's signal handlers are in place (SIGTERM caught, which Python alone never
+    does): a fixed wait lands in Python's own start-up on a loaded machine."""
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+            caught = next(line for line in status.splitlines() if line.startswith("SigCgt:"))
+            if int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1)):
+                return
+        time.sleep(0.002)
+    pytest.fail(f"no handlers installed: {proc.communicate()}")
+
+
 @pytest.mark.parametrize("entry", list(ENTRY_POINTS))
 def test_interrupt_at_start_up(entry: str, tmp_path: Path) -> None:
     argv = [*ENTRY_POINTS[entry], "compress", str(SAMPLE / "hopper_ted"), "-o", "out"]
@@ -48,7 +63,7 @@ def test_interrupt_at_start_up(entry: str, tmp_path: Path) -> None:
         (signal.SIGTERM, 143, "terminated"),
     ):
         proc = _start(argv, tmp_path)
-        time.sleep(0.4)
+        _wait_for_handlers(proc)
         proc.send_signal(signum)
         code, out, err = finish(proc)
         assert code == expected, err
