@@ -77,6 +77,8 @@ def pair_problem(source: Source, pair: Pair, supports: Callable[[torch.dtype], b
         return f"is {dtype_name(obs.dtype)}, which the chosen codec cannot encode"
     if len(obs.shape) < source.batch_dims or math.prod(obs.shape[: source.batch_dims]) == 0:
         return "has no rows"
+    if math.prod(obs.shape[source.batch_dims :]) == 0:
+        return "has rows of no values, so nothing to compress"
     return None
 
 

@@ -349,6 +349,50 @@ def test_zero_rows(cli, hopper, tmp_path: Path, fmt: str, command: str) -> None:
     expect_error(cli, *command_line(command, src, tmp_path), says=[src, "no rows"])
 
 
+def _zero_width(td: TensorDictBase, key: str) -> TensorDictBase:
+    """``td`` with observation ``key`` and its next observation holding no values per row."""
+    td = td.clone()
+    width = td[key][..., :0]
+    td[key], td["next", key] = width, width.clone()
+    return td
+
+
+@pytest.mark.parametrize("command", ["compress", "report"])
+def test_rows_of_no_values(cli, hopper, tmp_path: Path, fmt: str, command: str) -> None:
+    src = write(fmt, _zero_width(hopper, "observation"), tmp_path)
+    says = [src, "observation has rows of no values, so nothing to compress"]
+    expect_error(cli, *command_line(command, src, tmp_path), says=says)
+    named = [src, "key observation:", "rows of no values"]
+    expect_error(cli, *command_line(command, src, tmp_path, "--key", "observation"), says=named)
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["plain", "packed"])
+def test_a_pair_of_no_values_is_kept_beside_the_others(
+    cli, hopper, tmp_path: Path, fmt: str, pack: bool
+) -> None:
+    # A camera key of 0x0 pixels, or an empty goal, beside real observations.
+    td = hopper.clone()
+    td["goal"] = torch.zeros(*td.shape, 0, 3)
+    td["next", "goal"] = td["goal"].clone()
+    src = write(fmt, td, tmp_path)
+    small = tmp_path / "small.h5" if pack else out_for(src, tmp_path, "small")
+    cli("compress", src, "-o", small, "--quiet", *(["--pack"] if pack else []))
+    if not pack:
+        kept = leaf_keys(small)
+        assert ("next", "goal") in kept and ("next", "observation") not in kept
+    cli("verify", small, "--quiet")
+    back = out_for(src, tmp_path, "back")
+    cli("inflate", small, "-o", back, "--quiet")
+    if src.suffix == ".h5":  # object for object
+        again = read_any(back)
+        for key in td.keys(include_nested=True, leaves_only=True):
+            assert again[key].shape == td[key].shape and torch.equal(again[key], td[key]), key
+    elif src.is_file():  # byte for byte
+        assert back.read_bytes() == src.read_bytes()
+    else:
+        assert tree_hash(back) == tree_hash(src)
+
+
 # ---------------------------------------------------------------------------------------------
 # The wrong kind of dataset for the command
 

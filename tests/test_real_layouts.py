@@ -129,6 +129,31 @@ def test_default_is_lossless(real: dict[str, Path], layout: str, tmp_path: Path,
         assert key["lossless"] is True, key
 
 
+@pytest.mark.parametrize("pack", [False, True], ids=["plain", "packed"])
+def test_robomimic_cameras_of_no_pixels(tmp_path: Path, cli: Cli, pack: bool) -> None:
+    # Camera keys of 0x0 pixels (a rendering switched off) beside the low-dim observations:
+    # nothing to compress there, so those pairs stay as they are; the others are compressed.
+    pytest.importorskip("gymnasium")
+    src = R.write_robomimic_real(tmp_path / "lift.hdf5", demos=12, image=0)
+    small, back = tmp_path / ("small.h5" if pack else "small.hdf5"), tmp_path / "back.hdf5"
+    line = json.loads(cli("compress", src, "-o", small, "--json", *["--pack"][:pack]).stdout)
+    names = {key["key"].rpartition("/")[2] for key in line["keys"]}
+    assert names and not any("image" in n for n in names), names
+    cli("verify", small)
+    cli("inflate", small, "-o", back)
+    assert _h5_bytes(back) == _h5_bytes(src)
+    with h5py.File(src, "r") as a, h5py.File(back, "r") as b:
+        shapes = {n: (o.shape, o.dtype) for n, o in _datasets(a)}
+        assert shapes == {n: (o.shape, o.dtype) for n, o in _datasets(b)}
+        assert any(0 in shape for shape, _ in shapes.values())
+
+
+def _datasets(f: h5py.File) -> list[tuple[str, h5py.Dataset]]:
+    found: list[tuple[str, h5py.Dataset]] = []
+    f.visititems(lambda n, o: found.append((n, o)) if isinstance(o, h5py.Dataset) else None)
+    return found
+
+
 def _h5_bytes(path: Path) -> dict[str, bytes]:
     out: dict[str, bytes] = {}
     with h5py.File(path, "r") as f:

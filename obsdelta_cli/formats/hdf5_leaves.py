@@ -234,7 +234,7 @@ class OpaqueLeaf(LazyLeaf):
     def read(self, start: int, stop: int) -> torch.Tensor:
         array = read_rows(self.ds, slice(start, stop), self.file, f"rows {start}:{stop}")
         raw = torch.from_numpy(array.view(np.uint8).reshape(-1))
-        return raw.view(self.dtype).reshape(-1, *self.shape[1:])
+        return raw.view(self.dtype).reshape(len(array), *self.shape[1:])
 
     def write(self, start: int, value: torch.Tensor) -> None:
         raw = value.contiguous().reshape(len(value), -1).view(torch.uint8).numpy()

@@ -59,7 +59,9 @@ class FlatRows:
     def __getitem__(self, key: slice) -> torch.Tensor:
         start, stop = self._span(key)
         first, last = start // self.per_first, -(-stop // self.per_first)
-        block = self.leaf.read(first, last).reshape(-1, *self.features)
+        block = self.leaf.read(first, last)
+        # Counted, not -1: a row may hold no values (a 0x0 camera), where -1 is ambiguous.
+        block = block.reshape(len(block) * self.per_first, *self.features)
         offset = first * self.per_first
         return block[start - offset : stop - offset]
 
@@ -69,7 +71,7 @@ class FlatRows:
         mapped = getattr(self.leaf, "mapped", None)
         table = None if mapped is None else mapped()
         if table is not None:
-            return table.reshape(-1, *self.features)[idx]
+            return table.reshape(self.shape[0], *self.features)[idx]
         select = getattr(self.leaf, "select", None)
         if select is None or self.per_first != 1:
             return None
@@ -81,7 +83,8 @@ class FlatRows:
         if start % self.per_first or (stop % self.per_first and stop != self.shape[0]):
             raise ValueError("writes must cover whole rows of the first dimension")
         rows = torch.as_tensor(value, dtype=self.dtype).expand(stop - start, *self.features)
-        self.leaf.write(start // self.per_first, rows.reshape(-1, *self.leaf.shape[1:]))
+        count = (stop - start) // self.per_first if self.per_first else 0
+        self.leaf.write(start // self.per_first, rows.reshape(count, *self.leaf.shape[1:]))
 
 
 Rows = torch.Tensor | FlatRows
@@ -91,7 +94,7 @@ def as_rows(leaf: torch.Tensor | LazyLeaf, batch_dims: int) -> Rows:
     """``leaf`` as ``[rows, *features]``: a free view for tensors, a wrapper for lazy leaves."""
     if isinstance(leaf, LazyLeaf):
         return FlatRows(leaf, batch_dims)
-    return leaf.reshape(-1, *leaf.shape[batch_dims:])
+    return leaf.reshape(math.prod(leaf.shape[:batch_dims]), *leaf.shape[batch_dims:])
 
 
 def nbytes(leaf: torch.Tensor | LazyLeaf) -> int:
