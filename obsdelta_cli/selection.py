@@ -79,6 +79,11 @@ def pair_problem(source: Source, pair: Pair, supports: Callable[[torch.dtype], b
         return "has no rows"
     if math.prod(obs.shape[source.batch_dims :]) == 0:
         return "has rows of no values, so nothing to compress"
+    changes = getattr(nxt, "changes_values", None)
+    if changes:
+        return (
+            f"{key_str(pair.next_key)} {changes} the values written: it cannot be rebuilt exactly"
+        )
     return None
 
 

@@ -18,6 +18,7 @@ from ..errors import InputError
 from .base import ArrayStore, Key
 from .direct import ColdReads
 from .hdf5_chunks import DirectChunks
+from .hdf5_safety import scale_offset
 from .leaf import FlatRows, LazyLeaf, read_exact
 
 MAGIC = b"\x89HDF\r\n\x1a\n"
@@ -141,6 +142,14 @@ class H5Leaf(LazyLeaf):
     def storage_bytes(self) -> int:
         """Bytes the dataset takes in the file, after its filters."""
         return int(self.ds.id.get_storage_size())
+
+    @property
+    def changes_values(self) -> str | None:
+        if self.ds.chunks is None:
+            return None  # no filters
+        if scale_offset(self.ds.id.get_create_plist()):
+            return "is stored with HDF5's scale-offset filter, which rounds"
+        return None
 
     def read(self, start: int, stop: int) -> torch.Tensor:
         raw = self._raw_rows(start, stop)

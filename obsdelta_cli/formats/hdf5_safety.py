@@ -51,9 +51,21 @@ _OUTSIDE_HINT = (
 #: A file as it is now: (device, inode, size, modification time in ns). Caches of what was
 #: found out about a file are keyed by it, so a file replaced or changed is looked at again.
 Stamp = tuple[int, int, int, int]
-#: Files already found self-contained: detection opens a file once per HDF5 layout, and a file
-#: with many objects takes a while to walk.
-_CONTAINED: set[Stamp] = set()
+#: Files already found self-contained, each with whether it must be read without a chunk
+#: cache (see :data:`UNCACHED_FILTERS`): detection opens a file once per HDF5 layout, and a
+#: file with many objects takes a while to walk.
+_CONTAINED: dict[Stamp, bool] = {}
+#: Filters of datasets HDF5 must not hold in its chunk cache: copying (``H5Ocopy``) a
+#: scale-offset dataset whose chunks are cached writes past the end of a buffer in HDF5 2.0,
+#: which then aborts the process (``malloc(): invalid size``) or worse. obsdelta reads a pair's
+#: observations and then copies them whole, so a file holding one is opened without a cache.
+UNCACHED_FILTERS = frozenset({h5py.h5z.FILTER_SCALEOFFSET})
+
+
+def scale_offset(dcpl: h5py.h5p.PropDCID) -> bool:
+    """Whether creation properties ``dcpl`` filter with scale-offset (:data:`UNCACHED_FILTERS`),
+    which rounds values as they are written."""
+    return any(dcpl.get_filter(i)[0] in UNCACHED_FILTERS for i in range(dcpl.get_nfilters()))
 
 
 def file_stamp(path: Path) -> Stamp | None:
@@ -75,8 +87,9 @@ VirtualMap = tuple[Box | None, str, str, Box | None]
 Allowed = Callable[[str, tuple[int, ...]], list[VirtualMap] | None]
 
 
-def check_contained(f: h5py.File, path: Path, virtual: Allowed | None = None) -> None:
-    """Refuse a file that points outside itself, before anything follows the pointer.
+def check_contained(f: h5py.File, path: Path, virtual: Allowed | None = None) -> bool:
+    """Refuse a file that points outside itself, before anything follows the pointer; return
+    whether it holds datasets to read without a chunk cache (:data:`UNCACHED_FILTERS`).
 
     Every link is listed without being followed (``H5Lvisit`` descends through hard links only),
     and every dataset's creation properties are read without reading its data. Refused, naming
@@ -92,26 +105,29 @@ def check_contained(f: h5py.File, path: Path, virtual: Allowed | None = None) ->
     """
     stamp = file_stamp(path)
     if stamp is not None and stamp in _CONTAINED:
-        return  # no virtual dataset at all: fine whatever ``virtual`` allows
+        return _CONTAINED[stamp]  # no virtual dataset at all: fine whatever ``virtual`` allows
     try:
-        refused = apart(lambda: _refusal(f, path, virtual), timeout=SILENCE_SECONDS)
+        refused, uncached = apart(lambda: _refusal(f, path, virtual), timeout=SILENCE_SECONDS)
     except ValueError as exc:  # an error of damage in the child, a crash, or silence
         raise damaged_file(path, exc) from None
     if refused is not None:
         message, hint = refused
         raise InputError(message, file=path, hint=hint)
     if stamp is not None and virtual is None:
-        _CONTAINED.add(stamp)
+        _CONTAINED[stamp] = uncached
+    return uncached
 
 
-def _refusal(f: h5py.File, path: Path, virtual: Allowed | None) -> tuple[str, str | None] | None:
-    """Why ``f`` is refused, as message and hint; ``None`` for a file kept to itself."""
+def _refusal(
+    f: h5py.File, path: Path, virtual: Allowed | None
+) -> tuple[tuple[str, str | None] | None, bool]:
+    """Why ``f`` is refused, as message and hint (``None`` for a file kept to itself), and
+    whether it holds datasets to read without a chunk cache."""
     try:
         _check_links(f, path)
-        _check_datasets(f, path, virtual)
+        return None, _check_datasets(f, path, virtual)
     except InputError as err:
-        return err.message, err.hint
-    return None
+        return (err.message, err.hint), False
 
 
 def _check_links(f: h5py.File, path: Path) -> None:
@@ -188,9 +204,12 @@ def virtual_maps(dcpl: Any) -> list[VirtualMap]:
     ]
 
 
-def _check_datasets(f: h5py.File, path: Path, virtual: Allowed | None) -> None:
+def _check_datasets(f: h5py.File, path: Path, virtual: Allowed | None) -> bool:
+    """Refuse datasets stored outside the file; return whether one of them must be read
+    without a chunk cache."""
     problems: list[str] = []
     damaged: list[str] = []
+    uncached = [False]
 
     def visit(name: bytes, info: Any) -> None:
         beat()
@@ -213,6 +232,8 @@ def _check_datasets(f: h5py.File, path: Path, virtual: Allowed | None) -> None:
         elif dcpl.get_external_count():
             raw = dcpl.get_external(0)[0].decode(errors="replace")
             problems.append(f"dataset {obj} stores its data in the external file {raw}")
+        elif not uncached[0] and dcpl.get_layout() == h5py.h5d.CHUNKED:
+            uncached[0] = scale_offset(dcpl)
         return None
 
     h5py.h5o.visit(f.id, visit, info=True)
@@ -222,6 +243,7 @@ def _check_datasets(f: h5py.File, path: Path, virtual: Allowed | None) -> None:
     if damaged:
         more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
         raise damaged_pack(path, damaged[0] + more)
+    return uncached[0]
 
 
 def _unstored_sources(f: h5py.File, obj: str, maps: list[VirtualMap]) -> list[str]:

@@ -31,6 +31,12 @@ class LazyLeaf(ABC):
     shape: tuple[int, ...]
     dtype: torch.dtype
 
+    @property
+    def changes_values(self) -> str | None:
+        """Why values written to this leaf may not read back as written (a lossy HDF5 filter),
+        so that it cannot be rebuilt exactly; ``None`` for a leaf that keeps what it is given."""
+        return None
+
     @abstractmethod
     def read(self, start: int, stop: int) -> torch.Tensor:
         """Rows ``start:stop`` of the first dimension, as a tensor."""

@@ -49,7 +49,7 @@ from .hdf5 import (
 from .hdf5_leaves import BF16_ATTR, META_ATTR, OWN, numpy_dtype, objects_of, torch_dtype
 from .hdf5_meta import MANIFEST, write_meta
 from .hdf5_objects import hash_objects_apart
-from .hdf5_safety import damaged_pack, reading_pack
+from .hdf5_safety import damaged_pack, reading_pack, scale_offset
 from .leaf import FileLeaf, LazyLeaf
 from .pack_columns import Shared, kept_path, plan_columns, write_virtual
 from .packed import (
@@ -221,7 +221,9 @@ def _group_like(src: h5py.Group, dst: h5py.Group, name: str) -> h5py.Group:
 
 
 def _repackable(ds: h5py.Dataset) -> bool:
-    """A numeric dataset of rows, stored in the file, worth filtering."""
+    """A numeric dataset of rows, stored in the file, worth filtering. Not one whose filter is
+    scale-offset: unpacking would encode its values again, which need not give back the bytes
+    it stored (they are copied as they are)."""
     dcpl = ds.id.get_create_plist()
     return (
         ds.ndim >= 1
@@ -230,6 +232,7 @@ def _repackable(ds: h5py.Dataset) -> bool:
         and dcpl.get_layout() in (h5py.h5d.CONTIGUOUS, h5py.h5d.CHUNKED)
         and dcpl.get_external_count() == 0
         and 0 not in ds.shape
+        and not scale_offset(dcpl)
     )
 
 
