@@ -200,6 +200,27 @@ def test_a_dataset_linked_twice_stays_one_object(tmp_path: Path) -> None:
             assert a.addr == b.addr and a.rc == 2, path
 
 
+@pytest.mark.parametrize("pack", [False, True], ids=["plain", "packed"])
+def test_a_dataset_linked_from_several_groups_stays_one_object(tmp_path: Path, pack: bool) -> None:
+    # Links in a group that loses a dataset (the root), and from a group copied whole: each
+    # link was copied as an object of its own, and the output failed its own check.
+    src = _d4rl_with_odd_objects(tmp_path / "in.hdf5")
+    links = ["actions", "actions_again", "infos/alias", "metadata/actions"]
+    with h5py.File(src, "a") as f:
+        for link in links[1:]:
+            f[link] = f["actions"]
+    out, back = tmp_path / ("out.h5" if pack else "out.hdf5"), tmp_path / "back.hdf5"
+    compress(src, out, pack=pack)
+    verify(out)
+    inflate(out, back)
+    assert describe(back) == describe(src)
+    with h5py.File(back, "r") as f:
+        infos = [h5py.h5o.get_info(f[link].id) for link in links]
+        assert {i.addr for i in infos} == {infos[0].addr} and infos[0].rc == len(links)
+        with h5py.File(src, "r") as g:
+            assert np.array_equal(f["actions"][()], g["actions"][()])
+
+
 def test_the_same_input_gives_the_same_bytes(tmp_path: Path) -> None:
     """A dataset with timestamps (as the D4RL sample's) keeps HDF5's object copy, which keeps
     its times: compressed a second later, the output is the same file."""
@@ -383,7 +404,7 @@ def test_the_copy_follows_the_decisions_the_plan_made(
     scanned: list[str] = []
     decided: list[str] = []
     init, scan = hdf5_copy.CopyRule.__init__, hdf5_copy.CopyRule._scan
-    holds_raw = hdf5_copy.CopyRule._holds_raw
+    walked = hdf5_copy.CopyRule._walked
 
     def counted_init(self: hdf5_copy.CopyRule, *args: Any) -> None:
         made.append(self)
@@ -394,13 +415,13 @@ def test_the_copy_follows_the_decisions_the_plan_made(
             scanned.append(group.name)
         return scan(self, group)
 
-    def counted_holds_raw(self: hdf5_copy.CopyRule, group: h5py.Group) -> bool:
+    def counted_walked(self: hdf5_copy.CopyRule, group: h5py.Group) -> bool:
         decided.append(group.name)
-        return holds_raw(self, group)
+        return walked(self, group)
 
     monkeypatch.setattr(hdf5_copy.CopyRule, "__init__", counted_init)
     monkeypatch.setattr(hdf5_copy.CopyRule, "_scan", counted_scan)
-    monkeypatch.setattr(hdf5_copy.CopyRule, "_holds_raw", counted_holds_raw)
+    monkeypatch.setattr(hdf5_copy.CopyRule, "_walked", counted_walked)
     compress(SAMPLE / "hopper_robomimic.hdf5", tmp_path / "out.hdf5", codec="exact")
     assert len(made) == 1
     assert scanned and len(scanned) == len(set(scanned))

@@ -31,7 +31,7 @@ import torch
 from ..checksum import Hasher
 from ..errors import InputError, UsageError, failed_write, write_error
 from .base import Format, Key, LeafSpec, Plan, Sink, Source, key_str
-from .hdf5_copy import CopyRule, RawCopies, in_place
+from .hdf5_copy import CopyRule, RawCopies, Relinks, in_place
 from .hdf5_leaves import (
     BF16_ATTR,
     MAGIC,
@@ -460,20 +460,23 @@ def _copy_tree(
     rule: CopyRule,
     copies: RawCopies,
     streamed: dict[str, torch.dtype],
+    relinks: Relinks | None = None,
 ) -> None:
     """Copy ``src`` into ``dst`` except the datasets ``rule`` drops and obsdelta's own group;
     large contiguous datasets through ``copies`` (those in ``streamed`` left to the encoding
-    pass), everything else with HDF5's object copy."""
+    pass), everything else with HDF5's object copy; a second link to an object copied here
+    links to its copy."""
+    relinks = Relinks() if relinks is None else relinks
     for name, obj in src.items():
         path = obj.name.lstrip("/")
-        if path == OWN or path in rule.dropped:
+        if path == OWN or path in rule.dropped or relinks.relinked(obj, dst, name):
             continue
         if isinstance(obj, h5py.Group) and rule.rewritten(obj):
             group = h5py.Group(
                 h5py.h5g.create(dst.id, name.encode(), gcpl=obj.id.get_create_plist())
             )
             copy_attrs(obj, group)
-            _copy_tree(obj, group, rule, copies, streamed)
+            _copy_tree(obj, group, rule, copies, streamed, relinks)
             if not len(group) and not len(group.attrs) and len(obj):
                 del dst[name]  # emptied by the rewrite, and nothing else to keep
         elif isinstance(obj, h5py.Dataset) and rule.copied_raw(obj):

@@ -66,8 +66,9 @@ class CopyRule:
     """Which objects of ``f`` a copy that drops the datasets at ``dropped`` rebuilds itself,
     worked out once per command: the plan asks before anything is checked (which observations
     the encoding pass copies, hashing them as it reads them) and the copy follows the same
-    answers. A group is *rewritten* (object by object) where it loses a dataset or holds one
-    to copy raw; everything else is copied whole by HDF5's object copy.
+    answers. A group is *rewritten* (object by object) where it loses a dataset, holds one
+    to copy raw, or holds an object linked twice; everything else is copied whole by HDF5's
+    object copy.
     """
 
     def __init__(self, f: h5py.File, dropped: set[str]) -> None:
@@ -89,17 +90,17 @@ class CopyRule:
 
     def _rewritten_at(self, path: str, group: h5py.Group | None = None) -> bool:
         if path not in self._rewritten:
-            self._rewritten[path] = path in self._losing or self._holds_raw(
+            self._rewritten[path] = path in self._losing or self._walked(
                 self._f[path] if group is None else group
             )
         return self._rewritten[path]
 
-    def _holds_raw(self, group: h5py.Group) -> bool:
-        """Whether ``group`` holds a dataset to copy raw, and copying it object by object keeps
-        it as it is: no object in it is linked twice (one object copy of the group keeps two
-        links to one object; copies of each would make two objects)."""
+    def _walked(self, group: h5py.Group) -> bool:
+        """Whether ``group`` holds a dataset to copy raw, or an object linked twice: one object
+        copy of the group would make a second object of a target also linked from outside it,
+        where the walk links again to the one copy (:class:`Relinks`)."""
         single, raw = self._scan(group)
-        return single and raw and linked_once(group)
+        return raw or not single
 
     def copied_raw(self, ds: h5py.Dataset) -> bool:
         """Whether the copy moves ``ds``'s bytes itself (where its group is rewritten)."""
@@ -143,6 +144,28 @@ class CopyRule:
 
 def linked_once(obj: Any) -> bool:
     return int(h5py.h5o.get_info(obj.id).rc) == 1
+
+
+class Relinks:
+    """Objects with more than one hard link, as a walk copies them one by one: the first link
+    met is copied, and each later one becomes a link to that copy, so the output holds one
+    object, as the input did (copying each link would make two)."""
+
+    def __init__(self) -> None:
+        self._copies: dict[int, str] = {}
+
+    def relinked(self, obj: Any, dst: h5py.Group, name: str) -> bool:
+        """Whether ``obj`` was met before, in which case ``dst[name]`` now links to its copy;
+        otherwise the caller copies it to ``dst[name]``."""
+        info = h5py.h5o.get_info(obj.id)
+        if info.rc == 1:
+            return False
+        first = self._copies.get(info.addr)
+        if first is None or first not in dst.file:
+            self._copies[info.addr] = f"{dst.name.rstrip('/')}/{name}"
+            return False
+        dst[name] = dst.file[first]
+        return True
 
 
 def streamable(ds: h5py.Dataset) -> bool:

@@ -46,6 +46,7 @@ from .hdf5 import (
     finish_output,
     new_output,
 )
+from .hdf5_copy import Relinks
 from .hdf5_leaves import BF16_ATTR, META_ATTR, OWN, numpy_dtype, objects_of, torch_dtype
 from .hdf5_meta import MANIFEST, write_meta
 from .hdf5_objects import hash_objects_apart
@@ -263,13 +264,14 @@ def _pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, An
         if isinstance(obj, h5py.Dataset) and _repacked(obj, name)
     }
     shared = plan_columns(repacked)
+    relinks = Relinks()
 
     def walk(group: h5py.Group, dst: h5py.Group) -> None:
         # A list, not h5py's view: iterating the view holds h5py's lock, which a chunk encoder
         # thread may need (to free an h5py object) while this thread waits for it.
         for name, obj in list(group.items()):
             path = obj.name.lstrip("/")
-            if path == MANIFEST:
+            if path == MANIFEST or relinks.relinked(obj, dst, name):
                 continue  # the inner manifest: the packed one holds it
             if isinstance(obj, h5py.Group):
                 walk(obj, _group_like(obj, dst, name))
@@ -502,14 +504,19 @@ def _unpack_hdf5(packed: Source, info: dict[str, Any], inner: Manifest, out: Pat
 
 
 def _unpack_group(
-    packed: Source, group: h5py.Group, dst: h5py.Group, datasets: dict[str, Any]
+    packed: Source,
+    group: h5py.Group,
+    dst: h5py.Group,
+    datasets: dict[str, Any],
+    relinks: Relinks | None = None,
 ) -> None:
+    relinks = Relinks() if relinks is None else relinks
     for name, obj in group.items():
         path = obj.name.lstrip("/")
-        if path in (PACK, MANIFEST):
+        if path in (PACK, MANIFEST) or relinks.relinked(obj, dst, name):
             continue
         if isinstance(obj, h5py.Group):
-            _unpack_group(packed, obj, _group_like(obj, dst, name), datasets)
+            _unpack_group(packed, obj, _group_like(obj, dst, name), datasets, relinks)
         elif path in datasets:
             _restore(packed, obj, dst, name, path, datasets[path])
         elif path.startswith(f"{OWN}/") and not isinstance(obj, h5py.Dataset):
