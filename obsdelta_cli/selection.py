@@ -62,6 +62,9 @@ def is_observation(key: tuple[str, ...]) -> bool:
 def pair_problem(source: Source, pair: Pair, supports: Callable[[torch.dtype], bool]) -> str | None:
     """Why ``pair`` cannot be encoded, or ``None`` if it can."""
     obs, nxt = source.leaves.get(pair.obs_key), source.leaves.get(pair.next_key)
+    for key in (pair.obs_key, pair.next_key):
+        if key in source.unread:
+            return f"needs {key_str(key)}, which {source.unread[key]}"
     if obs is None:
         return "no such leaf"
     if nxt is None:
@@ -122,7 +125,7 @@ def select_pairs(
     pairs = [p for p in observations if pair_problem(source, p, eligible) is None]
     if pairs:
         return pairs
-    twins = [p for p in observations if source.leaves.get(p.next_key) is not None]
+    twins = [p for p in observations if p.next_key in source.leaves or p.next_key in source.unread]
     empty = [p for p in twins if pair_problem(source, p, eligible) == "has no rows"]
     if empty:
         raise DataError(

@@ -228,6 +228,9 @@ def _replace(name: str, value: np.ndarray) -> Any:
         ("shape", ["next_observations", "differs"]),
         ("empty", ["next_observations", "no rows"]),
         ("no-layout", ["no layout obsdelta reads"]),
+        ("big-endian", ["needs observations, which is stored big-endian (>f4)"]),
+        ("reference-attr", ["attribute ref of /actions holds HDF5 object references"]),
+        ("reference-dataset", ["dataset /infos/refs holds HDF5 object references"]),
     ],
 )
 def test_bad_hdf5_inputs(
@@ -252,6 +255,21 @@ def test_bad_hdf5_inputs(
             tmp_path,
             lambda f: (edit(f), _replace("observations", np.zeros((0, 11), np.float32))(f)),
         )
+    elif case == "big-endian":  # the observations only: the pair needs both
+
+        def big(f: h5py.File) -> None:
+            _replace("observations", f["observations"][()].astype(">f4"))(f)
+
+        src = _d4rl_copy(tmp_path, big)
+    elif case.startswith("reference"):  # copied as stored, they would point nowhere
+
+        def refer(f: h5py.File) -> None:
+            if case == "reference-attr":
+                f["actions"].attrs["ref"] = f["rewards"].ref
+            else:
+                f.create_dataset("infos/refs", data=[f["rewards"].ref], dtype=h5py.ref_dtype)
+
+        src = _d4rl_copy(tmp_path, refer)
     else:
         src = tmp_path / "other.h5"
         with h5py.File(src, "w") as f:

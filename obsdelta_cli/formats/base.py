@@ -197,6 +197,9 @@ class Source:
     #: Answers the adapter works out once per opened input and asks again later in the same
     #: command (HDF5: which objects its copy rebuilds), by the adapter's own names.
     memo: dict[str, Any] = field(default_factory=dict)
+    #: Arrays of numbers found but not read as leaves, with why (a big-endian HDF5 dataset):
+    #: a pair naming one is refused for that reason, not as missing.
+    unread: dict[Key, str] = field(default_factory=dict)
 
 
 class Format(ABC):

@@ -170,7 +170,8 @@ class HDF5Format(Format):
         f = open_h5(path)
         try:
             meta = read_meta(f, path)
-            leaves = leaves_of(f, path)
+            unread: dict[Key, str] = {}
+            leaves = leaves_of(f, path, unread)
             batch_dims = self.infer_batch_dims(leaves, meta)
         except (RuntimeError, OSError, KeyError) as exc:  # h5py's errors on a damaged file
             f.close()
@@ -180,7 +181,8 @@ class HDF5Format(Format):
         except BaseException:
             f.close()
             raise
-        return Source(path, leaves, batch_dims, meta, arrays=H5Arrays(f, path), handle=f)
+        arrays = H5Arrays(f, path)
+        return Source(path, leaves, batch_dims, meta, arrays=arrays, handle=f, unread=unread)
 
     def infer_batch_dims(self, leaves: dict[Key, Any], meta: dict[str, Any] | None) -> int:
         return self.batch_dims

@@ -321,8 +321,9 @@ def _walk(f: h5py.File) -> list[tuple[str, Any]]:
     return found
 
 
-def leaves_of(f: h5py.File, file: Path) -> dict[Key, Any]:
-    """Numeric datasets (not obsdelta's own arrays and layouts), keyed by their path."""
+def leaves_of(f: h5py.File, file: Path, unread: dict[Key, str] | None = None) -> dict[Key, Any]:
+    """Numeric datasets (not obsdelta's own arrays and layouts), keyed by their path; numbers
+    stored big-endian, which torch cannot hold, go to ``unread`` with why."""
     out: dict[Key, Any] = {}
     reads = file_reads(f)
     for name, obj in objects_of(f):
@@ -331,8 +332,11 @@ def leaves_of(f: h5py.File, file: Path) -> dict[Key, Any]:
         parts = tuple(name.split("/"))
         if parts[:2] in ((OWN, "arrays"), (OWN, "layout")):
             continue
-        if obj.ndim and (torch_dtype(obj.dtype) is not None or is_bf16(obj)):
+        dtype = obj.dtype
+        if obj.ndim and (torch_dtype(dtype) is not None or is_bf16(obj)):
             out[parts] = H5Leaf(obj, file, reads)
+        elif unread is not None and dtype.kind in "biuf" and dtype.byteorder == ">":
+            unread[parts] = f"is stored big-endian ({dtype.str}): obsdelta does not read it"
     return out
 
 

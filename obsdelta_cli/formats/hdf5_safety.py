@@ -209,13 +209,18 @@ def _check_datasets(f: h5py.File, path: Path, virtual: Allowed | None) -> bool:
     without a chunk cache."""
     problems: list[str] = []
     damaged: list[str] = []
+    references: list[str] = []
     uncached = [False]
 
     def visit(name: bytes, info: Any) -> None:
         beat()
+        if info.num_attrs:
+            references.extend(_reference_attrs(f, name, info.num_attrs))
         if info.type != h5py.h5o.TYPE_DATASET:
             return None
         dsid = h5py.h5o.open(f.id, name)
+        if dsid.get_type().get_class() == h5py.h5t.REFERENCE:
+            references.append(f"dataset /{name.decode(errors='replace')}")
         dcpl = dsid.get_create_plist()
         obj = "/" + name.decode(errors="replace")
         if dcpl.get_layout() == h5py.h5d.VIRTUAL:
@@ -237,13 +242,37 @@ def _check_datasets(f: h5py.File, path: Path, virtual: Allowed | None) -> bool:
         return None
 
     h5py.h5o.visit(f.id, visit, info=True)
+    references[:0] = _reference_attrs(f, b".", h5py.h5o.get_info(f.id).num_attrs)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise InputError(problems[0] + more, file=path, hint=_OUTSIDE_HINT)
+    if references:
+        more = f" (and {len(references) - 1} more)" if len(references) > 1 else ""
+        raise InputError(
+            f"{references[0]}{more} holds HDF5 object references, which would point nowhere "
+            "in the output (objects are copied to new addresses)",
+            file=path,
+            hint="store the referenced objects' paths as strings instead, or delete the "
+            "references, and retry",
+        )
     if damaged:
         more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
         raise damaged_pack(path, damaged[0] + more)
     return uncached[0]
+
+
+def _reference_attrs(f: h5py.File, name: bytes, count: int) -> list[str]:
+    """The attributes of object ``name`` that hold references, as ``attribute A of /path``."""
+    if not count:
+        return []
+    oid = h5py.h5o.open(f.id, name)
+    where = "/" if name == b"." else "/" + name.decode(errors="replace")
+    found = []
+    for i in range(count):
+        aid = h5py.h5a.open(oid, index=i)
+        if aid.get_type().get_class() == h5py.h5t.REFERENCE:
+            found.append(f"attribute {aid.name.decode(errors='replace')} of {where}")
+    return found
 
 
 def _unstored_sources(f: h5py.File, obj: str, maps: list[VirtualMap]) -> list[str]:
