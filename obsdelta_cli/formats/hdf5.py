@@ -65,23 +65,26 @@ def is_hdf5(path: Path) -> bool:
 
 def open_h5(path: Path) -> h5py.File:
     """Open read-only, turning a damaged file into :class:`InputError` and refusing a file that
-    points outside itself (:func:`check_contained`). A file holding datasets HDF5 must not
-    cache (see :data:`~.hdf5_safety.UNCACHED_FILTERS`) is opened again without a chunk cache."""
-    uncached = False
-    for cache in ({}, {"rdcc_nbytes": 0}):
-        try:
-            f = h5py.File(path, "r", **cache)
-        except (OSError, ValueError) as exc:
-            raise damaged_file(path, exc) from None
-        try:
-            uncached = check_contained(f, path)
-        except BaseException:
-            f.close()
-            raise
-        if not uncached or cache:
-            return f
+    points outside itself (:func:`check_contained`). A file holding scale-offset datasets is
+    opened again without a chunk cache (see :func:`~.hdf5_safety.scale_offset`)."""
+    f, uncached = _open_checked(path)
+    if uncached:
         f.close()
-    raise AssertionError("unreachable")
+        f, _ = _open_checked(path, rdcc_nbytes=0)
+    return f
+
+
+def _open_checked(path: Path, **cache: int) -> tuple[h5py.File, bool]:
+    """``path`` opened read-only and checked, and whether it must be read without a cache."""
+    try:
+        f = h5py.File(path, "r", **cache)
+    except (OSError, ValueError) as exc:
+        raise damaged_file(path, exc) from None
+    try:
+        return f, check_contained(f, path)
+    except BaseException:
+        f.close()
+        raise
 
 
 def dcpl_like(src: h5py.h5p.PropDCID, same_dtype: bool) -> h5py.h5p.PropDCID:

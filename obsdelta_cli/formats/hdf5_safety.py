@@ -51,21 +51,20 @@ _OUTSIDE_HINT = (
 #: A file as it is now: (device, inode, size, modification time in ns). Caches of what was
 #: found out about a file are keyed by it, so a file replaced or changed is looked at again.
 Stamp = tuple[int, int, int, int]
-#: Files already found self-contained, each with whether it must be read without a chunk
-#: cache (see :data:`UNCACHED_FILTERS`): detection opens a file once per HDF5 layout, and a
-#: file with many objects takes a while to walk.
+#: Files already found self-contained, each with whether it holds a scale-offset dataset (see
+#: :func:`scale_offset`): detection opens a file once per HDF5 layout, and a file with many
+#: objects takes a while to walk.
 _CONTAINED: dict[Stamp, bool] = {}
-#: Filters of datasets HDF5 must not hold in its chunk cache: copying (``H5Ocopy``) a
-#: scale-offset dataset whose chunks are cached writes past the end of a buffer in HDF5 2.0,
-#: which then aborts the process (``malloc(): invalid size``) or worse. obsdelta reads a pair's
-#: observations and then copies them whole, so a file holding one is opened without a cache.
-UNCACHED_FILTERS = frozenset({h5py.h5z.FILTER_SCALEOFFSET})
 
 
 def scale_offset(dcpl: h5py.h5p.PropDCID) -> bool:
-    """Whether creation properties ``dcpl`` filter with scale-offset (:data:`UNCACHED_FILTERS`),
-    which rounds values as they are written."""
-    return any(dcpl.get_filter(i)[0] in UNCACHED_FILTERS for i in range(dcpl.get_nfilters()))
+    """Whether creation properties ``dcpl`` filter with scale-offset, which rounds values as
+    they are written. HDF5 must not hold such a dataset in its chunk cache: copying
+    (``H5Ocopy``) one whose chunks are cached writes past the end of a buffer in HDF5 2.0,
+    which then aborts the process (``malloc(): invalid size``) or worse. obsdelta reads a pair's
+    observations and then copies them whole, so a file holding one is opened without a cache."""
+    codes = (dcpl.get_filter(i)[0] for i in range(dcpl.get_nfilters()))
+    return h5py.h5z.FILTER_SCALEOFFSET in codes
 
 
 def file_stamp(path: Path) -> Stamp | None:
@@ -89,7 +88,7 @@ Allowed = Callable[[str, tuple[int, ...]], list[VirtualMap] | None]
 
 def check_contained(f: h5py.File, path: Path, virtual: Allowed | None = None) -> bool:
     """Refuse a file that points outside itself, before anything follows the pointer; return
-    whether it holds datasets to read without a chunk cache (:data:`UNCACHED_FILTERS`).
+    whether it holds datasets to read without a chunk cache (:func:`scale_offset`).
 
     Every link is listed without being followed (``H5Lvisit`` descends through hard links only),
     and every dataset's creation properties are read without reading its data. Refused, naming

@@ -271,8 +271,10 @@ def _pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, An
         # thread may need (to free an h5py object) while this thread waits for it.
         for name, obj in list(group.items()):
             path = obj.name.lstrip("/")
+            # The inner manifest is left out (the packed one holds it); a second link to an
+            # object copied already links to its copy.
             if path == MANIFEST or relinks.relinked(obj, dst, name):
-                continue  # the inner manifest: the packed one holds it
+                continue
             if isinstance(obj, h5py.Group):
                 walk(obj, _group_like(obj, dst, name))
             elif path in repacked:
