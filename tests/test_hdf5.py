@@ -461,6 +461,30 @@ def test_exception_arrays_are_found_once_when_read_only_and_afresh_when_written(
             arrays.get("k0.rows", torch.float32, (9, 3))  # still checked for each question
 
 
+@pytest.mark.parametrize("mode", ["r", "r+"])
+def test_the_walk_gives_what_h5py_visits(tmp_path: Path, mode: str) -> None:
+    # objects_of makes the objects with h5py's low-level calls: the same names, kinds, objects
+    # and read-only flags as visititems, for every kind of object and name.
+    path = tmp_path / "kinds.h5"
+    with h5py.File(path, "w") as f:
+        f["a/b/values"] = np.arange(6.0).reshape(3, 2)
+        f["a/twice"] = f["a/b/values"]  # one object, two links: visited once
+        f["types/t"] = np.dtype("<f4")  # a committed datatype
+        f.create_group(b"caf\xe9")  # a name that is not UTF-8
+        f.create_dataset("chunked", data=np.zeros((100, 3)), chunks=(10, 3))
+    with h5py.File(path, mode) as f:
+        expected: list[tuple[Any, Any]] = []
+        f.visititems(lambda name, obj: expected.append((name, obj)))
+        got = objects_of(f)
+        assert [(n, type(o), o.id) for n, o in got] == [(n, type(o), o.id) for n, o in expected]
+        assert b"caf\xe9" in [n for n, _ in got]
+        assert any(isinstance(o, h5py.Datatype) for _, o in got)
+        for (_, mine), (_, theirs) in zip(got, expected, strict=True):
+            if isinstance(mine, h5py.Dataset):
+                assert mine._readonly == theirs._readonly == (mode == "r")
+                assert np.array_equal(mine[()], theirs[()])
+
+
 def test_a_file_open_read_only_is_walked_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -468,23 +492,27 @@ def test_a_file_open_read_only_is_walked_once(
     # robomimic file's thousands of objects.
     path = write_robomimic(load_sample("hopper_ted")[:300], tmp_path / "demos.hdf5")
     walks: list[str] = []
-    real = h5py.Group.visititems
+    real = hdf5_leaves._walk
 
-    def visititems(self: h5py.Group, func: Any) -> Any:
-        walks.append(self.name)
-        return real(self, func)
+    def walk(f: h5py.File) -> Any:
+        walks.append(f.name)
+        return real(f)
 
-    monkeypatch.setattr(h5py.Group, "visititems", visititems)
+    monkeypatch.setattr(hdf5_leaves, "_walk", walk)
     with h5py.File(path, "r") as f:
-        expected: list[str] = []
-        real(f, lambda name, obj: expected.append(name))
+        expected: list[tuple[str, Any]] = []
+        f.visititems(lambda name, obj: expected.append((name, obj)))
         leaves = leaves_of(f, path)
         hashes = hash_objects(f, path, lambda name: False)
-        assert [name for name, _ in objects_of(f)] == expected
+        # What h5py's own walk gives, in its order, as objects of the same kinds and ids.
+        assert [(n, type(o), o.id) for n, o in objects_of(f)] == [
+            (n, type(o), o.id) for n, o in expected
+        ]
         assert object_at(f, "data/demo_0/obs") == f["data/demo_0/obs"]
         assert walks == ["/"] and leaves and hashes
     with h5py.File(path, "r") as f:  # another File: walked afresh
-        assert [name for name, _ in objects_of(f)] == expected and len(walks) == 2
+        assert [name for name, _ in objects_of(f)] == [n for n, _ in expected]
+        assert len(walks) == 2
         key = id(f)
     del f
     gc.collect()

@@ -406,6 +406,43 @@ def test_the_datasets_of_a_packed_file_share_its_descriptors(
     assert verify(packed).ok
 
 
+@pytest.mark.parametrize("cache_mb", [None, 256])
+def test_each_dataset_gets_the_chunk_cache_slots_it_needs(
+    tmp_path: Path, hopper: TensorDictBase, monkeypatch: pytest.MonkeyPatch, cache_mb: int | None
+) -> None:
+    # HDF5 gives every open chunked dataset a table of its cache's slots, 8 bytes each: a packed
+    # file read with 100,003 slots took 800 KB a dataset, 850 MB to verify a packed robomimic
+    # file of 600 chunked datasets. Slots follow each dataset's chunk count instead, in packed
+    # files and in the inputs they come from.
+    from obsdelta_cli import filters
+    from obsdelta_cli.formats.hdf5_leaves import CACHE_SLOTS, objects_of
+
+    monkeypatch.setattr(filters, "CHUNK_BYTES", 256)  # about 1,000 chunks in the largest
+    inputs = [write_robomimic(hopper[:600], tmp_path / "demos.hdf5"), tmp_path / "d4rl.hdf5"]
+    shutil.copy2(SAMPLE / "hopper_d4rl.hdf5", inputs[1])
+    counts = []
+    for src in inputs:
+        packed = tmp_path / f"{src.stem}.h5"
+        compress(src, packed, pack=True)
+        for path in (packed, src):
+            fmt, source = open_input(path, cache_mb=cache_mb)
+            try:
+                for _, ds in objects_of(source.handle):
+                    if not isinstance(ds, h5py.Dataset) or ds.chunks is None:
+                        continue
+                    grid = zip(ds.shape, ds.chunks, strict=True)
+                    count = int(np.prod([-(-n // c) for n, c in grid]))
+                    slots, nbytes, _ = ds.id.get_access_plist().get_chunk_cache()
+                    held = nbytes // (np.prod(ds.chunks) * ds.dtype.itemsize)
+                    assert slots == max(CACHE_SLOTS, min(count, 100 * held)), ds.name
+                    counts.append(count)
+            finally:
+                fmt.close(source)
+        assert verify(packed).ok
+    assert max(counts) > CACHE_SLOTS  # some dataset needed more than the file's slots
+    assert sum(c <= CACHE_SLOTS for c in counts) > 20  # and others made do with them
+
+
 def _descriptors_of(path: Path) -> int:
     fds = Path("/proc/self/fd")
     return sum(1 for fd in fds.iterdir() if os.path.realpath(fd) == str(path.resolve()))

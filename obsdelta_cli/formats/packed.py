@@ -44,6 +44,7 @@ from .base import SIDECAR, ArrayStore, Format, Key, Plan, Sink, Source, key_str
 from .hdf5 import is_hdf5
 from .hdf5_chunks import DirectChunks
 from .hdf5_leaves import (
+    CACHE_SLOTS,
     OWN,
     FileReads,
     H5Arrays,
@@ -96,7 +97,7 @@ def is_packed(path: Path) -> bool:
     if not is_hdf5(path):
         return False
     try:
-        with h5py.File(path, "r") as f:
+        with h5py.File(path, "r", rdcc_nslots=CACHE_SLOTS) as f:
             meta = read_meta(f, path)
     except (OSError, ValueError, RuntimeError, KeyError, InputError):
         return False  # not readable as one: detection reports it precisely
@@ -346,8 +347,9 @@ class Packed(Format):
     def open(self, path: Path) -> Source:
         plugins()  # the filters must be registered before a dataset is read
         try:
-            # The chunk cache asked for: training reads hit the same chunks often.
-            f = h5py.File(path, "r", rdcc_nbytes=self.cache_bytes, rdcc_nslots=100_003)
+            # The chunk cache asked for (training reads hit the same chunks often); its slots
+            # are sized per dataset as the file is walked (hdf5_leaves._cache_slots).
+            f = h5py.File(path, "r", rdcc_nbytes=self.cache_bytes, rdcc_nslots=CACHE_SLOTS)
         except (OSError, ValueError) as exc:
             raise damaged_file(path, exc) from None
         try:
