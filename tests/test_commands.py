@@ -429,3 +429,21 @@ def test_the_lossless_default_reads_only_until_exact_surely_pays(
     exact = [[c for c in k.candidates or [] if c.codec == "exact"] for k in full]
     assert [k.candidates for k in keys] == exact  # report shows lossy ones for comparison
     assert all(c.exception_rows > 0 for k in keys for c in k.candidates or [])
+
+
+def test_object_skip_names_stored_leaves_and_the_groups_made_for_them() -> None:
+    from obsdelta_cli.commands.verify import object_skip
+
+    deltas = {"next/delta/obs", "data/demo_1/next_obs_delta/x"}
+    asked: list[str] = []
+
+    def kept(name: str) -> bool:  # the input had these groups already
+        asked.append(name)
+        return name in {"data", "data/demo_1"}
+
+    skip = object_skip(deltas, kept)
+    made = {"next", "next/delta", "data/demo_1/next_obs_delta"}  # groups only the output has
+    names = [*deltas, *made, "data", "data/demo_1", "data/demo_10", "nex", "next/delta/obs2"]
+    assert {n for n in names if skip(n)} == deltas | made
+    # Only groups above a stored leaf are looked up in the input (a lookup costs 90 µs).
+    assert set(asked) == made | {"data", "data/demo_1"}

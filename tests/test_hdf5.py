@@ -475,7 +475,7 @@ def test_the_walk_gives_what_h5py_visits(tmp_path: Path, mode: str) -> None:
     with h5py.File(path, mode) as f:
         expected: list[tuple[Any, Any]] = []
         f.visititems(lambda name, obj: expected.append((name, obj)))
-        got = objects_of(f)
+        got = list(objects_of(f))
         assert [(n, type(o), o.id) for n, o in got] == [(n, type(o), o.id) for n, o in expected]
         assert b"caf\xe9" in [n for n, _ in got]
         assert any(isinstance(o, h5py.Datatype) for _, o in got)
@@ -492,13 +492,13 @@ def test_a_file_open_read_only_is_walked_once(
     # robomimic file's thousands of objects.
     path = write_robomimic(load_sample("hopper_ted")[:300], tmp_path / "demos.hdf5")
     walks: list[str] = []
-    real = hdf5_leaves._walk
+    real = hdf5_leaves._visit
 
-    def walk(f: h5py.File) -> Any:
+    def visit(f: h5py.File) -> Any:
         walks.append(f.name)
         return real(f)
 
-    monkeypatch.setattr(hdf5_leaves, "_walk", walk)
+    monkeypatch.setattr(hdf5_leaves, "_visit", visit)
     with h5py.File(path, "r") as f:
         expected: list[tuple[str, Any]] = []
         f.visititems(lambda name, obj: expected.append((name, obj)))
@@ -518,7 +518,7 @@ def test_a_file_open_read_only_is_walked_once(
     gc.collect()
     assert key not in hdf5_leaves._SHARED  # the walk went with its File
     with h5py.File(path, "r+") as f:  # open for writing: objects may change, walked each time
-        objects_of(f)
+        list(objects_of(f))
         f.create_group("added")
         assert "added" in [name for name, _ in objects_of(f)] and len(walks) == 4
 

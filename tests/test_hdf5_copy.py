@@ -318,16 +318,17 @@ def test_new_datasets_written_in_place_are_the_files_h5py_writes(
     spans: list[str] = []
     original = hdf5_copy.in_place
 
-    def spy(ds: h5py.Dataset, fd: int, dtype: Any) -> Any:
-        leaf = original(ds, fd, dtype)
-        spans.append(ds.name if leaf is not None else "")
-        return leaf
+    def spy(datasets: list[tuple[h5py.Dataset, Any]], fd: int) -> Any:
+        leaves = original(datasets, fd)
+        pairs = zip(datasets, leaves, strict=True)
+        spans.extend(ds.name for (ds, _), leaf in pairs if leaf is not None)
+        return leaves
 
     monkeypatch.setattr(hdf5, "in_place", spy)
     compress(src, tmp_path / "span.h5", codec=codec, max_abs_error=0.01)
     inflate(tmp_path / "span.h5", tmp_path / "span.hdf5")
     assert spans == ["/obsdelta/delta/next_observations", "/next_observations"]
-    monkeypatch.setattr(hdf5, "in_place", lambda ds, fd, dtype: None)
+    monkeypatch.setattr(hdf5, "in_place", lambda datasets, fd: [None] * len(datasets))
     compress(src, tmp_path / "h5py.h5", codec=codec, max_abs_error=0.01)
     inflate(tmp_path / "h5py.h5", tmp_path / "h5py.hdf5")
     for suffix in (".h5", ".hdf5"):

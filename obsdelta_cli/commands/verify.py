@@ -95,9 +95,12 @@ def object_skip(deltas: set[str], kept: Callable[[str], bool]) -> Callable[[str]
     """Which objects of a compressed container are not copies: the stored leaves, and the
     groups made for them (a parent of a stored leaf that ``kept`` does not name)."""
 
+    # Every group above a stored leaf, looked up in a set: a robomimic file of 1,000 demos has
+    # 21,000 objects and, with a delta codec, 7,000 stored leaves.
+    above = {d.rsplit("/", n)[0] for d in deltas for n in range(1, d.count("/") + 1)}
+
     def skip(name: str) -> bool:
-        made = not kept(name) and any(d.startswith(f"{name}/") for d in deltas)
-        return name in deltas or made
+        return name in deltas or (name in above and not kept(name))
 
     return skip
 

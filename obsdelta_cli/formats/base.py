@@ -267,7 +267,7 @@ class Format(ABC):
         return 0
 
     def close(self, source: Source) -> None:  # noqa: B027 - most containers hold nothing open
-        """Release what :meth:`open` holds."""
+        """Release what :meth:`open` holds; closing a source twice does no harm."""
 
     def discard(self, sink: Sink) -> None:  # noqa: B027 - most containers hold nothing open
         """Release what :meth:`create` holds after a failure (the output is deleted next)."""

@@ -262,10 +262,11 @@ class HDF5Format(Format):
             _keep_layout(out, original)
             alloc = original.id.get_create_plist().get_alloc_time()
             new_layouts[key_str(key)] = {"maxshape": list(original.maxshape), "alloc_time": alloc}
-        leaves: dict[Key, Any] = {}
-        for key, spec in plan.new.items():
-            ds = self._new_dataset(src, out, key, spec, kwargs, layouts)
-            leaves[key] = in_place(ds, fd, spec.dtype) or H5Leaf(ds, path)
+        made = {k: self._new_dataset(src, out, k, s, kwargs, layouts) for k, s in plan.new.items()}
+        placed = in_place([(ds, plan.new[k].dtype) for k, ds in made.items()], fd)
+        leaves: dict[Key, Any] = {
+            k: leaf or H5Leaf(ds, path) for (k, ds), leaf in zip(made.items(), placed, strict=True)
+        }
         arrays_kwargs = kwargs if kwargs is not None else _arrays_kwargs(src, plan)
         arrays = H5Arrays(out, path, arrays_kwargs)
         extra = {"hdf5_layouts": new_layouts}
