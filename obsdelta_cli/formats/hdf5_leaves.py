@@ -26,6 +26,10 @@ from .leaf import FlatRows, LazyLeaf, read_exact
 MAGIC = b"\x89HDF\r\n\x1a\n"
 META_ATTR = "obsdelta"
 OWN = "obsdelta"
+#: A packed file's empty twins of its repacked datasets (their original creation properties),
+#: one per dataset: read by path when a dataset is unpacked, and left out of walks, which open
+#: what they list (HDF5 holds about 13 KB for each open dataset).
+LAYOUT_TWINS = f"{OWN}/pack/layout"
 #: Attribute marking a uint16 dataset that holds bfloat16 bits (numpy has no bfloat16).
 BF16_ATTR = "obsdelta_dtype"
 #: Attribute of obsdelta's opaque arrays: the torch dtype of their values.
@@ -305,13 +309,13 @@ def file_reads(f: h5py.File) -> FileReads:
 
 
 def objects_of(f: h5py.File) -> Iterable[tuple[str, Any]]:
-    """Every object below the root (groups and datasets, as h5py objects), by path, in the
-    order ``visititems`` visits them. A file open read-only is walked once: its objects cannot
-    change, and opening its leaves, checking its objects and packing it each need them, while
-    h5py takes about 60 µs to make each object and a robomimic file has thousands. A file open
-    for writing is walked afresh, an object at a time: HDF5 holds about 13 KB for each open
-    dataset, and hashing the 21,000 objects of a robomimic output of 1,000 demos held 190 MB
-    with all of them open at once."""
+    """Every object below the root (groups and datasets, as h5py objects) but
+    :data:`LAYOUT_TWINS`, by path, in the order ``visititems`` visits them. A file open
+    read-only is walked once: its objects cannot change, and opening its leaves, checking its
+    objects and packing it each need them, while h5py takes about 60 µs to make each object
+    and a robomimic file has thousands. A file open for writing is walked afresh, an object at
+    a time: HDF5 holds about 13 KB for each open dataset, and hashing the 21,000 objects of a
+    robomimic output of 1,000 demos held 190 MB with all of them open at once."""
     return _shared(f).objects() if f.mode == "r" else _visit(f)
 
 
@@ -334,7 +338,10 @@ def _visit(f: h5py.File) -> Iterator[tuple[str, Any]]:
     names: list[bytes] = []
     with phil:
         h5py.h5o.visit(f.id, names.append)
+    twins = LAYOUT_TWINS.encode()
     for raw in names:
+        if raw.startswith(twins) and raw[len(twins) : len(twins) + 1] in (b"", b"/"):
+            continue
         with phil:  # not held while the caller has the object
             obj = _open(f, raw, readonly, slots, nbytes, w0)
         yield _name(raw), obj

@@ -45,6 +45,7 @@ from .hdf5 import is_hdf5
 from .hdf5_chunks import DirectChunks
 from .hdf5_leaves import (
     CACHE_SLOTS,
+    LAYOUT_TWINS,
     OWN,
     FileReads,
     H5Arrays,
@@ -65,7 +66,7 @@ from .pack_columns import COLUMNS, Block, expected_maps, parse_blocks
 NAME = "packed-hdf5"
 PACK = f"{OWN}/pack"
 #: Empty twins carrying each repacked dataset's original creation properties.
-LAYOUT = f"{PACK}/layout"
+LAYOUT = LAYOUT_TWINS
 #: Files of a folder inner, ``f0``, ``f1``, ... in the order the manifest lists them.
 FILES = f"{PACK}/files"
 #: Attribute naming the transform a dataset's values went through.
