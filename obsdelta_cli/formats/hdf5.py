@@ -34,13 +34,13 @@ from .base import Format, Key, LeafSpec, Plan, Sink, Source, key_str
 from .hdf5_copy import CopyRule, RawCopies, Relinks, in_place
 from .hdf5_leaves import (
     BF16_ATTR,
-    CACHE_SLOTS,
     MAGIC,
     META_ATTR,
     OWN,
     H5Arrays,
     H5Leaf,
     copy_attrs,
+    h5_file,
     leaves_of,
     numpy_dtype,
     torch_dtype,
@@ -78,7 +78,7 @@ def open_h5(path: Path) -> h5py.File:
 def _open_checked(path: Path, **cache: int) -> tuple[h5py.File, bool]:
     """``path`` opened read-only and checked, and whether it must be read without a cache."""
     try:
-        f = h5py.File(path, "r", rdcc_nslots=CACHE_SLOTS, **cache)
+        f = h5_file(path, "r", **cache)
     except (OSError, ValueError) as exc:
         raise damaged_file(path, exc) from None
     try:
@@ -155,7 +155,7 @@ class HDF5Format(Format):
         if not is_hdf5(path):
             return False
         try:
-            with h5py.File(path, "r", rdcc_nslots=CACHE_SLOTS) as f:
+            with h5_file(path) as f:
                 check_contained(f, path)  # before matches() follows any link
                 return cls.matches(f)
         except OSError:
@@ -350,7 +350,7 @@ def new_output(path: Path, libver: Any) -> h5py.File:
     """A new HDF5 output file, registered so that a failed write can close it safely; a
     failure to create it is one :class:`OutputError`."""
     try:
-        out = h5py.File(path, "w", libver=libver, rdcc_nslots=CACHE_SLOTS)
+        out = h5_file(path, "w", libver=libver)
         _OUTPUT_FDS[id(out)] = int(out.id.get_vfd_handle())
     except (OSError, ValueError) as exc:
         raise write_error(path, exc) from None

@@ -280,7 +280,7 @@ class _Shared:
         if self._objects is None:
             f = self._file()
             assert f is not None  # asked through the File itself
-            self._objects = _walk(f)
+            self._objects = list(_visit(f))
         return self._objects
 
     def at(self, path: str) -> Any:
@@ -324,10 +324,6 @@ def object_at(f: h5py.File, path: str) -> Any:
     return _shared(f).at(path) if f.mode == "r" else f.get(path)
 
 
-def _walk(f: h5py.File) -> list[tuple[str, Any]]:
-    return list(_visit(f))
-
-
 def _visit(f: h5py.File) -> Iterator[tuple[str, Any]]:
     """What ``f.visititems`` visits, made with h5py's low-level calls as they are asked for:
     its ``f[name]`` makes a File object for every object it opens (to ask the file's mode),
@@ -340,7 +336,7 @@ def _visit(f: h5py.File) -> Iterator[tuple[str, Any]]:
         h5py.h5o.visit(f.id, names.append)
     twins = LAYOUT_TWINS.encode()
     for raw in names:
-        if raw.startswith(twins) and raw[len(twins) : len(twins) + 1] in (b"", b"/"):
+        if raw == twins or raw.startswith(twins + b"/"):
             continue
         with phil:  # not held while the caller has the object
             obj = _open(f, raw, readonly, slots, nbytes, w0)
@@ -373,13 +369,19 @@ def _name(raw: bytes) -> Any:
         return raw
 
 
-#: Slots of the chunk cache every HDF5 file is opened with: a dataset with more chunks gets
-#: its own number when it is opened (:func:`_cache_slots`). HDF5 gives every open chunked
-#: dataset a table of its cache's slots, 8 bytes each, however few chunks it has: with HDF5
-#: 2.0's default of 8,191 that is 64 KB a dataset, and with the 100,003 slots packed files
-#: were read with, 800 KB (verifying a packed robomimic file of 600 chunked datasets took
-#: 850 MB). 521 is h5py's own default (4 KB a dataset).
+#: Slots of the chunk cache every HDF5 file is opened with (:func:`h5_file`): a dataset
+#: with more chunks gets its own number when it is opened (:func:`_cache_slots`). HDF5 gives
+#: every open chunked dataset a table of its cache's slots, 8 bytes each, however few chunks it
+#: has: with HDF5 2.0's default of 8,191 that is 64 KB a dataset, and with the 100,003 slots
+#: packed files were read with, 800 KB (verifying a packed robomimic file of 600 chunked
+#: datasets took 850 MB). 521 is h5py's own default (4 KB a dataset).
 CACHE_SLOTS = 521
+
+
+def h5_file(path: Path, mode: str = "r", **options: Any) -> h5py.File:
+    """``h5py.File(path, mode, **options)`` with a chunk cache of :data:`CACHE_SLOTS` slots:
+    the way obsdelta opens every HDF5 file."""
+    return h5py.File(path, mode, rdcc_nslots=CACHE_SLOTS, **options)
 
 
 def _cache_slots(dsid: Any, slots: int, nbytes: int) -> int | None:

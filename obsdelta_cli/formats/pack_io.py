@@ -47,7 +47,15 @@ from .hdf5 import (
     new_output,
 )
 from .hdf5_copy import Relinks
-from .hdf5_leaves import BF16_ATTR, META_ATTR, OWN, numpy_dtype, objects_of, torch_dtype
+from .hdf5_leaves import (
+    BF16_ATTR,
+    LAYOUT_TWINS,
+    META_ATTR,
+    OWN,
+    numpy_dtype,
+    objects_of,
+    torch_dtype,
+)
 from .hdf5_meta import MANIFEST, write_meta
 from .hdf5_objects import hash_objects_apart
 from .hdf5_safety import damaged_pack, reading_pack, scale_offset
@@ -56,7 +64,6 @@ from .pack_columns import Shared, kept_path, plan_columns, write_virtual
 from .packed import (
     COMMAND_CACHE_BYTES,
     FILES,
-    LAYOUT,
     NAME,
     PACK,
     TRANSFORM_ATTR,
@@ -312,7 +319,7 @@ def _repack(
         write_virtual(dst, name, ds, shared)
     copy_attrs(ds, dst[name])
     # The twin: the original creation properties, never written, so taking no storage.
-    parent, _, leaf = f"{LAYOUT}/{path}".rpartition("/")
+    parent, _, leaf = f"{LAYOUT_TWINS}/{path}".rpartition("/")
     dcpl = dcpl_like(ds.id.get_create_plist(), True)
     chunked = dcpl.get_layout() == h5py.h5d.CHUNKED
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_INCR if chunked else h5py.h5d.ALLOC_TIME_LATE)
@@ -551,7 +558,7 @@ def _restore(
     packed: Source, ds: h5py.Dataset, dst: h5py.Group, name: str, path: str, entry: Any
 ) -> None:
     """Recreate a repacked dataset with its original creation properties and values."""
-    twin = packed.handle.get(f"{LAYOUT}/{path}")
+    twin = packed.handle.get(f"{LAYOUT_TWINS}/{path}")
     if not isinstance(twin, h5py.Dataset) or twin.shape != ds.shape or twin.dtype != ds.dtype:
         raise damaged_pack(packed.path, f"the original layout of {path} is missing")
     dcpl = dcpl_like(twin.id.get_create_plist(), True)

@@ -44,13 +44,12 @@ from .base import SIDECAR, ArrayStore, Format, Key, Plan, Sink, Source, key_str
 from .hdf5 import is_hdf5
 from .hdf5_chunks import DirectChunks
 from .hdf5_leaves import (
-    CACHE_SLOTS,
-    LAYOUT_TWINS,
     OWN,
     FileReads,
     H5Arrays,
     H5Leaf,
     file_reads,
+    h5_file,
     is_bf16,
     leaves_of,
     object_at,
@@ -65,8 +64,6 @@ from .pack_columns import COLUMNS, Block, expected_maps, parse_blocks
 
 NAME = "packed-hdf5"
 PACK = f"{OWN}/pack"
-#: Empty twins carrying each repacked dataset's original creation properties.
-LAYOUT = LAYOUT_TWINS
 #: Files of a folder inner, ``f0``, ``f1``, ... in the order the manifest lists them.
 FILES = f"{PACK}/files"
 #: Attribute naming the transform a dataset's values went through.
@@ -98,7 +95,7 @@ def is_packed(path: Path) -> bool:
     if not is_hdf5(path):
         return False
     try:
-        with h5py.File(path, "r", rdcc_nslots=CACHE_SLOTS) as f:
+        with h5_file(path) as f:
             meta = read_meta(f, path)
     except (OSError, ValueError, RuntimeError, KeyError, InputError):
         return False  # not readable as one: detection reports it precisely
@@ -350,7 +347,7 @@ class Packed(Format):
         try:
             # The chunk cache asked for (training reads hit the same chunks often); its slots
             # are sized per dataset as the file is walked (hdf5_leaves._cache_slots).
-            f = h5py.File(path, "r", rdcc_nbytes=self.cache_bytes, rdcc_nslots=CACHE_SLOTS)
+            f = h5_file(path, rdcc_nbytes=self.cache_bytes)
         except (OSError, ValueError) as exc:
             raise damaged_file(path, exc) from None
         try:
