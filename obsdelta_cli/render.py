@@ -151,23 +151,28 @@ def _kept(k: KeyResult) -> str:
 def render(result: DatasetResult, console: Console) -> None:
     """Print ``result`` as a table for people (``max_rel_error`` is in the JSON only)."""
     title = f"{result.command}: {result.input} ({result.format})"
-    if result.note:
+    if result.note and not result.keys and result.bytes_after == result.bytes_before:
+        # Nothing to do (a Minari file): the reason is the whole answer.
         console.print(Text(f"{title}: {result.note}", overflow="fold"))
         return
     if result.output:
         title += f" -> {result.output}"
     console.print(Text(title, overflow="fold"))
-    console.print(key_table(result, console))
+    if result.keys:
+        console.print(key_table(result, console))
     lines = [_kept(k) for k in result.keys if k.codec == "none"]
     lines += [
         f"dataset on disk: {_size(result.bytes_before)} -> {_size(result.bytes_after)} "
         f"({_ratio(result.bytes_before, result.bytes_after)})"
     ]
-    if result.command == "report" and not result.compressed:
+    if result.command == "report" and not result.compressed and result.keys:
         lines[-1] += ", estimated for the codecs marked *"
         lines.append("auto marks what --codec auto picks")
     if result.command == "verify":
-        lines.append("verified: metadata sound, every checksum matches, every key rebuilt")
+        rebuilt = ", every key rebuilt" if result.keys else ""
+        lines.append(f"verified: metadata sound, every checksum matches{rebuilt}")
+    if result.note:
+        lines.append(result.note)
     for line in lines:
         console.print(Text(line, overflow="fold"))
 

@@ -22,6 +22,7 @@ import torch
 from .codecs import CODECS, Codec
 from .errors import DataError, UsageError
 from .formats import Pair, Source, key_str
+from .formats.base import NOTHING_HINT
 from .formats.leaf import is_data, nbytes
 
 #: Leaf names that are never observations, wherever they stand in a key.
@@ -95,8 +96,11 @@ def select_pairs(
     source: Source,
     keys: Sequence[str] | None,
     supports: Callable[[torch.dtype], bool],
+    *,
+    none_ok: bool = False,
 ) -> list[Pair]:
-    """The pairs to encode: those ``keys`` name (any alias), or every observation pair."""
+    """The pairs to encode: those ``keys`` name (any alias), or every observation pair.
+    ``none_ok``: a dataset with no next observations at all gives no pairs, not an error."""
     if keys:
         chosen: list[Pair] = []
         for text in keys:
@@ -135,11 +139,13 @@ def select_pairs(
             hint="check the right file was given",
         )
     if not twins:
+        if none_ok:
+            return []
         raise DataError(
             "holds no next observations beside its observations, so there is nothing to "
             "compress (each observation is already stored once)",
             file=source.path,
-            hint="use the dataset as it is",
+            hint=NOTHING_HINT,
         )
     problems = "; ".join(f"{p.name} {pair_problem(source, p, eligible)}" for p in twins[:3])
     raise DataError(

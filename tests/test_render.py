@@ -1,5 +1,6 @@
 """Tables fit the terminal: no line longer than COLUMNS and no elided number, at 60, 80 and 200
-columns, for compress, report (dry run and compressed input), verify and a batch summary."""
+columns, for compress (plain and ``--pack``), report (dry run, ``--pack`` and compressed
+input), verify and a batch summary."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ DRY_RUNS = [
     ["report", "hopper_robomimic.hdf5"],
     ["report", "halfcheetah_ted.pt", "-e", "0.01"],
     ["report", "hopper_rb"],
+    ["report", "hopper_d4rl.hdf5", "--pack"],
 ]
 
 
@@ -71,6 +73,11 @@ def test_every_command_fits(work: Path, columns: int) -> None:
     for args in [["report", out], ["verify", out], *DRY_RUNS]:
         text = _run(args, columns, work)
         _check(text, columns)
+    packed = _run(
+        ["compress", "hopper_d4rl.hdf5", "-o", f"p{columns}.h5", "--pack", "-f"], columns, work
+    )
+    _check(packed, columns)
+    assert "dataset on disk" in packed and "packed into one HDF5 file" in " ".join(packed.split())
     robomimic = _run(DRY_RUNS[1], columns, work)
     # Long key names fold rather than being cut.
     assert "camera" in robomimic and "image" in robomimic

@@ -23,6 +23,7 @@ from ..checksum import Hasher
 from ..codecs import AUTO, DEFAULT_CODEC, Codec, make_codec
 from ..errors import DataError, InputError, UsageError
 from ..formats import Format, Key, LeafSpec, Pair, Plan, Sink, Source, disk_size, key_str
+from ..formats.base import NOTHING_HINT
 from ..manifest import HASH_ALGORITHM, ArrayNames, Error, KeyRecord, Manifest
 from ..report import Candidate, DatasetResult, KeyResult
 from ..selection import KeyGroup, candidates, check_time_dim, dtype_name, select_pairs
@@ -214,6 +215,7 @@ def compress(
     options: dict[str, Any] | None = None,
     verify: bool = True,
     pack: bool = False,
+    copy_if_nothing: bool = False,
 ) -> DatasetResult:
     """Write ``output``: ``input`` with each selected next observation stored by a codec.
 
@@ -223,7 +225,9 @@ def compress(
     store within the bound are kept exactly as exception rows; ``exceptions=False`` refuses the
     key instead. ``options`` are container write options (``{"h5_compression": "zstd"}``).
     With ``verify`` (the default) the output is re-read and checked before it is put in place.
-    With ``pack``, ``output`` is one packed HDF5 file (:mod:`.pack`).
+    With ``pack``, ``output`` is one packed HDF5 file (:mod:`.pack`). ``copy_if_nothing``
+    (what ``--pack`` packs): an input with no next observations (Minari, D4RL AntMaze) is
+    copied with its manifest, where it would be refused.
     """
     if pack:
         from .pack import compress_packed
@@ -251,8 +255,9 @@ def compress(
         )
     fmt, source = open_input(input)
     try:
-        if fmt.nothing_to_do:
-            raise InputError(fmt.nothing_to_do, file=input, hint="use the dataset as it is")
+        if fmt.nothing_to_do and (keys or not copy_if_nothing):
+            hint = "leave out --key" if copy_if_nothing else NOTHING_HINT
+            raise InputError(fmt.nothing_to_do, file=input, hint=hint)
         options = {k: v for k, v in (options or {}).items() if v is not None}
         unknown = set(options) - fmt.options
         if unknown:
@@ -270,7 +275,11 @@ def compress(
         def supports(dtype: torch.dtype) -> bool:
             return bool(candidates(dtype, bound)) if chosen is None else chosen.supports(dtype)
 
-        pairs = select_pairs(fmt.pairs(source), source, keys, supports)
+        pairs = (
+            []
+            if fmt.nothing_to_do
+            else select_pairs(fmt.pairs(source), source, keys, supports, none_ok=copy_if_nothing)
+        )
         stream = stream_for(source, time_dim, chunk_mb)
         groups = KeyGroup.group(source, pairs)
         plans: list[tuple[KeyGroup, Codec | None, list[Candidate] | None]] = []

@@ -26,7 +26,22 @@ from .verify import verify_written
 #: Working folders beside OUTPUT: ``.OUTPUT.obsdelta-pack-PID``.
 WORK_MARK = ".obsdelta-pack-"
 #: Inputs ``--pack`` takes, by format name.
-PACKABLE = ("ted-memmap", "ted-pt", "torchrl-rb", "d4rl-hdf5", "robomimic-hdf5", "ted-hdf5")
+PACKABLE = (
+    "ted-memmap",
+    "ted-pt",
+    "torchrl-rb",
+    "d4rl-hdf5",
+    "robomimic-hdf5",
+    "ted-hdf5",
+    "minari-hdf5",
+)
+#: What ``compress --pack`` says it did.
+PACKED = "packed into one HDF5 file, every dataset filtered"
+#: ... of an input with no next observations to remove (Minari, D4RL AntMaze).
+ONLY_FILTERED = (
+    "packed into one HDF5 file, every dataset filtered; no next observations were removed "
+    "(each observation is stored once already)"
+)
 
 
 def _work_dir(output: Path) -> Path:
@@ -77,7 +92,9 @@ def compress_packed(
             # Not verified here: the packed file is verified as a whole below. Nor flushed to
             # disk: it is read back at once from memory and deleted.
             with scratch_folder(work):
-                result = compress(input, inner, chunk_mb=chunk_mb, verify=False, **options)
+                result = compress(
+                    input, inner, chunk_mb=chunk_mb, verify=False, copy_if_nothing=True, **options
+                )
             fmt, source = open_input(inner)
             try:
                 pack(source, fmt.name, manifest_of(source), tmp, Chooser())
@@ -89,7 +106,8 @@ def compress_packed(
         if verify:
             verify_written(tmp, chunk_mb)
         writing.join()
-    return replace(result, output=str(output), bytes_after=disk_size(output), note="packed")
+    note = PACKED if result.keys else ONLY_FILTERED
+    return replace(result, output=str(output), bytes_after=disk_size(output), note=note)
 
 
 def inflate_packed(
@@ -129,7 +147,7 @@ def predict_packed(input: Path, *, chunk_mb: float = DEFAULT_CHUNK_MB, **options
     try:
         inner = work / _inner_name(input)
         with scratch_folder(work):
-            compress(input, inner, chunk_mb=chunk_mb, verify=False, **options)
+            compress(input, inner, chunk_mb=chunk_mb, verify=False, copy_if_nothing=True, **options)
         fmt, source = open_input(inner)
         try:
             probe = work / "probe.h5"

@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..codecs import AUTO, CODECS, DEFAULT_CODEC, make_codec
+from ..errors import InputError
 from ..formats import Source, disk_size
 from ..rebuild import stored_pairs
 from ..report import DatasetResult, KeyResult
@@ -49,7 +50,7 @@ def report(
     fmt, source = open_input(input)
     size = disk_size(input)
     try:
-        if fmt.nothing_to_do:
+        if fmt.nothing_to_do and not pack:
             return DatasetResult(
                 "report", str(input), None, fmt.name, False, size, size, note=fmt.nothing_to_do
             )
@@ -67,7 +68,13 @@ def report(
         def supports(dtype: object) -> bool:
             return bool(candidates(dtype, shown))  # type: ignore[arg-type]
 
-        pairs = select_pairs(fmt.pairs(source), source, keys, supports)
+        if fmt.nothing_to_do and keys:
+            raise InputError(fmt.nothing_to_do, file=input, hint="leave out --key")
+        pairs = (
+            []
+            if fmt.nothing_to_do
+            else select_pairs(fmt.pairs(source), source, keys, supports, none_ok=pack)
+        )
         stream = stream_for(source, time_dim, chunk_mb)
         results = []
         picks: dict[str, str] = {}

@@ -202,6 +202,10 @@ class Source:
     unread: dict[Key, str] = field(default_factory=dict)
 
 
+#: What to do with a dataset whose observations are each stored once already.
+NOTHING_HINT = "use the dataset as it is, or --pack it (every dataset filtered)"
+
+
 class Format(ABC):
     """One container layout, registered in :data:`obsdelta_cli.formats.FORMATS`."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import h5py
 
 from ..errors import InputError
-from .base import Pair, Source
+from .base import NOTHING_HINT, Pair, Source
 from .hdf5 import HDF5Format, h5_groups
 
 ALREADY_ONCE = (
@@ -30,4 +30,4 @@ class Minari(HDF5Format):
         )
 
     def pairs(self, source: Source) -> list[Pair]:
-        raise InputError(ALREADY_ONCE, file=source.path, hint="use the dataset as it is")
+        raise InputError(ALREADY_ONCE, file=source.path, hint=NOTHING_HINT)
