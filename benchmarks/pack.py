@@ -1,6 +1,7 @@
 """``compress --pack`` against the zstd CLI on every format ``--pack`` takes, in one run.
 
     python benchmarks/pack.py [--out benchmarks/out] [--repeat N] [--z19-max-mb 200] [--quick]
+                              [--only NAME...]
 
 Every input is non-repeating data in the layout its format ships with:
 
@@ -10,6 +11,9 @@ Every input is non-repeating data in the layout its format ships with:
   of the same 100,000 rows, a D4RL
   v2 file (``hopper-medium-v2``'s layout, gzip, ``infos/*`` and ``metadata/*``; real Hopper-v5
   rollouts, ``tests/realistic.py``) and a robomimic file with two 84x84 camera keys;
+- layouts of many short episodes, and with nothing to encode: a robomimic low-dim file of
+  1,000 demos, a D4RL file without ``next_observations`` (AntMaze's layout) and a Minari file
+  written by minari's ``DataCollector``;
 - inputs of 300 MB and more for the speed check: Pong frames from real ale-py rollouts (random
   policy, grayscale, a TED memmap folder), and the contiguous D4RL file and TED memmap folder
   of ``run.py`` (``inputs.py``: real Hopper-v5 episodes, each with its own noise);
@@ -133,20 +137,32 @@ def from_ted(ted: Builder, write: Callable[..., Path]) -> Builder:
     return build
 
 
-def d4rl_v2(rows: int) -> Builder:
+def d4rl_v2(rows: int, next_observations: bool = True) -> Builder:
     def build(path: Path) -> Path:
         from tests.realistic import hopper_rollout, write_d4rl_v2
 
-        return write_d4rl_v2(hopper_rollout(rows), path)
+        return write_d4rl_v2(hopper_rollout(rows), path, next_observations=next_observations)
 
     return build
 
 
-def robomimic(demos: int, image: int) -> Builder:
+def robomimic(demos: int, image: int, steps: tuple[int, int] = (20, 40)) -> Builder:
     def build(path: Path) -> Path:
         from tests.realistic import write_robomimic_real
 
-        return write_robomimic_real(path, demos=demos, image=image)
+        return write_robomimic_real(path, demos=demos, image=image, steps=steps, cameras=image > 0)
+
+    return build
+
+
+def minari(steps: int) -> Builder:
+    """A Minari dataset written by minari's ``DataCollector`` (Hopper-v5, random-gaussian
+    policy: episodes of 48 steps on average); its ``main_data.hdf5``."""
+
+    def build(path: Path) -> Path:
+        from tests.realistic import write_minari_dataset
+
+        return write_minari_dataset(steps, path, "hopper/random-v0")
 
     return build
 
@@ -161,10 +177,12 @@ def built(root: Path, name: str, label: str, suffix: str, build: Builder) -> Pac
         remove(marker)
         remove(path)
         root.mkdir(parents=True, exist_ok=True)
+        # A builder may put the input elsewhere (a Minari file lies deep in its datasets tree).
         path = build(path)
-        marker.write_text(json.dumps({"seconds": time.perf_counter() - start}))
+        marker.write_text(json.dumps({"seconds": time.perf_counter() - start, "path": str(path)}))
+    recorded = json.loads(marker.read_text())
+    path, seconds = Path(recorded.get("path", path)), recorded["seconds"]
     size = dataset_bytes(path)
-    seconds = json.loads(marker.read_text())["seconds"]
     return PackInput(TED, size / 1e9, path, 0, size, seconds, cached, 0, label)
 
 
@@ -190,9 +208,28 @@ def inputs(root: Path, args: argparse.Namespace) -> list[PackInput]:
         ("tedh5-100k", "TED-HDF5 (gzip), 100,000 rows", ".h5", from_ted(medium, write_ted_hdf5)),
         ("d4rl-v2-50k", "D4RL v2 (hopper-medium-v2 layout), 50,000 rows", ".hdf5", d4rl_v2(50_000)),
         ("robomimic-84", "robomimic, 100 demos, two 84x84 cameras", ".hdf5", robomimic(100, 84)),
+        (
+            "robomimic-low-1000",
+            "robomimic low-dim, 1,000 demos of 40-80 steps",
+            ".hdf5",
+            robomimic(1000, 0, (40, 80)),
+        ),
+        (
+            "d4rl-no-next-100k",
+            "D4RL without `next_observations` (AntMaze-style), 100,000 rows",
+            ".hdf5",
+            d4rl_v2(100_000, next_observations=False),
+        ),
+        (
+            "minari-100k",
+            "Minari (`DataCollector`), 100,000 steps, 2,104 episodes",
+            "",
+            minari(100_000),
+        ),
     ]
+    realistic = [spec for spec in realistic if not args.only or spec[0] in args.only]
     items = [built(root, *spec) for spec in realistic]
-    if args.quick:
+    if args.quick or args.only:
         return items
     pong = f"Pong, {args.pong_steps:,} real ale-py steps (210x160 grayscale), TED memmap"
     items.append(
@@ -229,6 +266,12 @@ def main() -> None:
     parser.add_argument("--z19-max-mb", type=float, default=200)
     parser.add_argument("--quick", action="store_true", help="realistic sizes only")
     parser.add_argument("--no-reads", action="store_true", help="skip the training reads")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        metavar="NAME",
+        help="only these inputs of realistic size (implies --quick)",
+    )
     args = parser.parse_args()
     if shutil.which("zstd") is None:
         raise SystemExit("zstd is needed: apt-get update && apt-get install -y zstd")

@@ -342,7 +342,8 @@ def compress(
             rich_help_panel=OUTPUT_PANEL,
             help="Write one HDF5 file, every dataset chunked along time and compressed with "
             "the hdf5plugin filter that measured smallest for its key; h5py reads it, "
-            "open_dataset trains from it, inflate gives back the original container.",
+            "open_dataset trains from it, inflate gives back the original container. Takes "
+            "datasets with no next observations too (Minari): every dataset filtered.",
         ),
     ] = False,
     force: ForceOpt = False,

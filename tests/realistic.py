@@ -163,11 +163,18 @@ def _frames(state: np.ndarray, size: int, phase: float) -> np.ndarray:
 
 
 def write_robomimic_real(
-    path: Path, *, demos: int = 200, image: int = 16, seed: int = 0, steps: tuple = (20, 40)
+    path: Path,
+    *,
+    demos: int = 200,
+    image: int = 16,
+    seed: int = 0,
+    steps: tuple = (20, 40),
+    cameras: bool = True,
 ) -> Path:
     """robomimic's layout: ``data/demo_i`` with ``states`` (sim time first), ``actions``,
     ``rewards``, ``dones``, ``obs/<k>`` and ``next_obs/<k>`` where ``next_obs[t] == obs[t+1]``
-    plus one extra final frame per demo; contiguous, unfiltered; ``mask/<filter>``."""
+    plus one extra final frame per demo; contiguous, unfiltered; ``mask/<filter>``. Without
+    ``cameras``, a low-dim file as robomimic ships them: no camera keys at all."""
     import gymnasium as gym
 
     env = gym.make("Hopper-v5", terminate_when_unhealthy=False)
@@ -207,7 +214,7 @@ def write_robomimic_real(
             for k, d in LOW_DIM.items():
                 series[k] = full[:, col : col + d].astype(np.float64)
                 col += d
-            for j, k in enumerate(CAMERAS):
+            for j, k in enumerate(CAMERAS if cameras else ()):
                 series[k] = _frames(full, image, phase=float(j))
             for k, v in series.items():
                 demo.create_dataset(f"obs/{k}", data=v[:n])
