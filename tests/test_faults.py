@@ -156,6 +156,25 @@ def test_bit_flips_are_caught(
     assert tally["caught"] + tally["harmless"] == 8
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["packed", "packed-direct"])
+@pytest.mark.parametrize("flips", [8, pytest.param(180, marks=pytest.mark.slow)])
+def test_bit_flips_in_a_packed_file_with_nothing_encoded_are_caught(
+    direct: bool,
+    flips: int,
+    hopper: TensorDictBase,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Minari file packs with no key (compress refuses it): its values are checked by their
+    hashes alone."""
+    if direct:
+        monkeypatch.setattr(hdf5_chunks, "MIN_CHUNK_BYTES", 0)
+    seed = "direct" if direct else "hdf5"
+    tally = run_flips("minari-hdf5", "exact", hopper, tmp_path, flips=flips, pack=True, seed=seed)
+    _check(tally)
+    assert tally["caught"] + tally["harmless"] == flips
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("codec", CODECS)
 @pytest.mark.parametrize("kind", KINDS)
