@@ -303,9 +303,16 @@ def _cli(*args: str | Path) -> tuple[int | str, str]:
     return done.returncode, done.stderr
 
 
+#: Every kind compressed and packed, and a Minari file, which only ``--pack`` takes.
+PAGE_CASES = [(kind, pack) for kind in KINDS for pack in (False, True)] + [("minari-hdf5", True)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("pack", [False, True], ids=["compressed", "packed"])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    ("kind", "pack"),
+    PAGE_CASES,
+    ids=[f"{kind}-{'packed' if pack else 'compressed'}" for kind, pack in PAGE_CASES],
+)
 def test_zeroed_pages_and_truncations_are_caught(
     kind: str, pack: bool, hopper: TensorDictBase, tmp_path: Path
 ) -> None:
