@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from .codecs import CODECS, Codec
-from .errors import DataError, UsageError
-from .formats import Pair, Source, key_str
+from .errors import DataError, InputError, UsageError
+from .formats import Format, Pair, Source, key_str
 from .formats.base import NOTHING_HINT
 from .formats.leaf import is_data, nbytes
 
@@ -89,6 +89,26 @@ def pair_problem(source: Source, pair: Pair, supports: Callable[[torch.dtype], b
             f"{key_str(pair.next_key)} {changes} the values written: it cannot be rebuilt exactly"
         )
     return None
+
+
+def pairs_of(
+    fmt: Format,
+    source: Source,
+    keys: Sequence[str] | None,
+    supports: Callable[[torch.dtype], bool],
+    *,
+    none_ok: bool = False,
+) -> list[Pair]:
+    """The pairs of ``source`` (of format ``fmt``) to encode, as :func:`select_pairs` picks
+    them. A layout that never stores a next observation twice (Minari) has none: it is
+    refused, or with ``none_ok`` (what ``--pack`` packs) gives no pairs, unless ``keys`` name
+    some."""
+    if fmt.nothing_to_do:
+        if keys or not none_ok:
+            hint = "leave out --key" if none_ok else NOTHING_HINT
+            raise InputError(fmt.nothing_to_do, file=source.path, hint=hint)
+        return []
+    return select_pairs(fmt.pairs(source), source, keys, supports, none_ok=none_ok)
 
 
 def select_pairs(

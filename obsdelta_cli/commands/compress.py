@@ -26,7 +26,7 @@ from ..formats import Format, Key, LeafSpec, Pair, Plan, Sink, Source, disk_size
 from ..formats.base import NOTHING_HINT
 from ..manifest import HASH_ALGORITHM, ArrayNames, Error, KeyRecord, Manifest
 from ..report import Candidate, DatasetResult, KeyResult
-from ..selection import KeyGroup, candidates, check_time_dim, dtype_name, select_pairs
+from ..selection import KeyGroup, candidates, check_time_dim, dtype_name, pairs_of
 from ..stats import ErrorStats
 from ..stream import Behind, Stream
 from .common import (
@@ -255,9 +255,8 @@ def compress(
         )
     fmt, source = open_input(input)
     try:
-        if fmt.nothing_to_do and (keys or not copy_if_nothing):
-            hint = "leave out --key" if copy_if_nothing else NOTHING_HINT
-            raise InputError(fmt.nothing_to_do, file=input, hint=hint)
+        if fmt.nothing_to_do and not copy_if_nothing:  # before any other check
+            raise InputError(fmt.nothing_to_do, file=input, hint=NOTHING_HINT)
         options = {k: v for k, v in (options or {}).items() if v is not None}
         unknown = set(options) - fmt.options
         if unknown:
@@ -275,11 +274,7 @@ def compress(
         def supports(dtype: torch.dtype) -> bool:
             return bool(candidates(dtype, bound)) if chosen is None else chosen.supports(dtype)
 
-        pairs = (
-            []
-            if fmt.nothing_to_do
-            else select_pairs(fmt.pairs(source), source, keys, supports, none_ok=copy_if_nothing)
-        )
+        pairs = pairs_of(fmt, source, keys, supports, none_ok=copy_if_nothing)
         stream = stream_for(source, time_dim, chunk_mb)
         groups = KeyGroup.group(source, pairs)
         plans: list[tuple[KeyGroup, Codec | None, list[Candidate] | None]] = []

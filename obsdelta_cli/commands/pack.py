@@ -39,8 +39,7 @@ PACKABLE = (
 PACKED = "packed into one HDF5 file, every dataset filtered"
 #: ... of an input with no next observations to remove (Minari, D4RL AntMaze).
 ONLY_FILTERED = (
-    "packed into one HDF5 file, every dataset filtered; no next observations were removed "
-    "(each observation is stored once already)"
+    f"{PACKED}; no next observations were removed (each observation is stored once already)"
 )
 
 

@@ -7,11 +7,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..codecs import AUTO, CODECS, DEFAULT_CODEC, make_codec
-from ..errors import InputError
 from ..formats import Source, disk_size
 from ..rebuild import stored_pairs
 from ..report import DatasetResult, KeyResult
-from ..selection import KeyGroup, candidates, check_time_dim, select_pairs
+from ..selection import KeyGroup, candidates, check_time_dim, pairs_of
 from .common import (
     DEFAULT_CHUNK_MB,
     check_bound,
@@ -68,13 +67,7 @@ def report(
         def supports(dtype: object) -> bool:
             return bool(candidates(dtype, shown))  # type: ignore[arg-type]
 
-        if fmt.nothing_to_do and keys:
-            raise InputError(fmt.nothing_to_do, file=input, hint="leave out --key")
-        pairs = (
-            []
-            if fmt.nothing_to_do
-            else select_pairs(fmt.pairs(source), source, keys, supports, none_ok=pack)
-        )
+        pairs = pairs_of(fmt, source, keys, supports, none_ok=pack)
         stream = stream_for(source, time_dim, chunk_mb)
         results = []
         picks: dict[str, str] = {}
