@@ -1,7 +1,7 @@
 """``compress --pack`` against the zstd CLI on every format ``--pack`` takes, in one run.
 
     python benchmarks/pack.py [--out benchmarks/out] [--repeat N] [--z19-max-mb 200] [--quick]
-                              [--only NAME...]
+                              [--only NAME...] [--flat]
 
 Every input is non-repeating data in the layout its format ships with:
 
@@ -18,8 +18,8 @@ Every input is non-repeating data in the layout its format ships with:
   policy, grayscale, a TED memmap folder), and the contiguous D4RL file and TED memmap folder
   of ``run.py`` (``inputs.py``: real Hopper-v5 episodes, each with its own noise);
 
-For each: the input's bytes on disk, then bytes and wall time of ``compress --pack`` (the CLI,
-start-up included), ``zstd -3 -T1`` and ``zstd -19 --long=27 -T1`` (on a file; ``tar | zstd``
+For each: the input's bytes on disk, then bytes and wall time of ``compress --pack`` (with
+``--flat``: ``compress --pack --flat``, for the HDF5 inputs; the CLI, start-up included), ``zstd -3 -T1`` and ``zstd -19 --long=27 -T1`` (on a file; ``tar | zstd``
 on a folder), each timed as ``run.py`` times its commands (``Bench.time``: cold input, programs
 warm, the baselines ending with ``&& sync`` as obsdelta flushes its own output; median of
 ``--repeat`` runs). ``zstd -19`` takes minutes per 100 MB of float data here: inputs over
@@ -267,6 +267,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="realistic sizes only")
     parser.add_argument("--no-reads", action="store_true", help="skip the training reads")
     parser.add_argument(
+        "--flat", action="store_true", help="compress --pack --flat (HDF5 inputs of episodes)"
+    )
+    parser.add_argument(
         "--only",
         nargs="+",
         metavar="NAME",
@@ -282,12 +285,14 @@ def main() -> None:
     bench = Bench(obsdelta, can_drop_caches(), args.repeat, scratch)
     load = loadavg()
     rows = []
+    ours_name = "compress --pack" + (" --flat" if args.flat else "")
     try:
         items = inputs(root, args)
         for item in items:
             packed = scratch / f"{item.path.name}.packed.h5"
             argv = [*obsdelta, "compress", str(item.path), "-o", str(packed), "--pack", "-q"]
-            ours = bench.time(item, "compress --pack", argv, [item.path], packed)
+            argv += ["--flat"] if args.flat else []
+            ours = bench.time(item, ours_name, argv, [item.path], packed)
             theirs: list[Timing | None] = []
             for name, options in LEVELS.items():
                 if "-19" in options and item.bytes > args.z19_max_mb * MB:
@@ -306,7 +311,8 @@ def main() -> None:
         print()
         print(f"load average at the start: {load}; at the end: {loadavg()}")
         print()
-        print("| input | raw | `--pack` | `zstd -3 -T1` | `zstd -19 --long=27` |")
+        ours_col = "`--pack --flat`" if args.flat else "`--pack`"
+        print(f"| input | raw | {ours_col} | `zstd -3 -T1` | `zstd -19 --long=27` |")
         print("|---|---|---|---|---|")
         for item, ours, theirs in rows:
             z3, z19 = theirs

@@ -150,6 +150,16 @@ QuietOpt = Annotated[
     bool,
     typer.Option("--quiet", "-q", rich_help_panel=OUTPUT_PANEL, help="Print nothing on success."),
 ]
+FlatOpt = Annotated[
+    bool,
+    typer.Option(
+        "--flat",
+        rich_help_panel=OUTPUT_PANEL,
+        help="With --pack, HDF5 files of many episodes (robomimic, Minari): each key's "
+        "datasets of every episode stored as one, which packs smaller and faster; h5py, "
+        "open_dataset and inflate read the file, robomimic's and Minari's own readers do not.",
+    ),
+]
 ChunkOpt = Annotated[
     float,
     typer.Option(
@@ -346,6 +356,7 @@ def compress(
             "datasets with no next observations too (Minari): every dataset filtered.",
         ),
     ] = False,
+    flat: FlatOpt = False,
     force: ForceOpt = False,
     no_verify: Annotated[
         bool,
@@ -376,6 +387,7 @@ def compress(
         "options": {"h5_compression": h5_compression and h5_compression.value},
         "verify": not no_verify,
         "pack": pack,
+        "flat": flat,
     }
     _run(
         "compress",
@@ -443,6 +455,7 @@ def report(
             "chunks) as the size after.",
         ),
     ] = False,
+    flat: FlatOpt = False,
     plot: Annotated[
         Path | None,
         typer.Option(
@@ -469,6 +482,7 @@ def report(
         "time_dim": time_dim,
         "chunk_mb": chunk_mb,
         "pack": pack,
+        "flat": flat,
     }
     _run(
         "report",

@@ -135,9 +135,9 @@ def test_packed_manifest_records_the_source_container(source: Path, tmp_path: Pa
         fmt.close(opened)
 
 
-def test_plain_h5py_reads_every_dataset(source: Path, tmp_path: Path) -> None:
-    """A fresh interpreter with nothing but h5py and hdf5plugin reads every dataset."""
-    compress(source, tmp_path / "p.h5", pack=True)
+def plain_h5py_reads(path: Path) -> tuple[int, int]:
+    """Datasets, and filtered ones, that a fresh interpreter with nothing but h5py and
+    hdf5plugin reads whole from ``path``."""
     script = (
         "import sys, h5py, hdf5plugin\n"
         "n = []\n"
@@ -150,24 +150,34 @@ def test_plain_h5py_reads_every_dataset(source: Path, tmp_path: Path) -> None:
         "print(len(n), len(chunked))\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "p.h5")],
-        capture_output=True,
-        text=True,
-        check=True,
+        [sys.executable, "-c", script, str(path)], capture_output=True, text=True, check=True
     )
     total, filtered = map(int, out.stdout.split())
+    return total, filtered
+
+
+def test_plain_h5py_reads_every_dataset(source: Path, tmp_path: Path) -> None:
+    compress(source, tmp_path / "p.h5", pack=True)
+    total, filtered = plain_h5py_reads(tmp_path / "p.h5")
     assert total > 0 and filtered > 0
 
 
-def test_open_dataset_trains_from_a_packed_file(source: Path, tmp_path: Path) -> None:
-    compress(source, tmp_path / "p.h5", pack=True)
-    plain, packed = open_dataset(source), open_dataset(tmp_path / "p.h5", cache_mb=1)
+def same_transitions(source: Path, packed_file: Path) -> None:
+    """300 random transitions of ``packed_file`` (a chunk cache of 1 MB) equal the plain
+    ``source``'s, key for key, bit for bit."""
+    plain, packed = open_dataset(source), open_dataset(packed_file, cache_mb=1)
     assert len(plain) == len(packed)
     idx = torch.randperm(len(plain), generator=torch.Generator().manual_seed(0))[:300]
     want, got = plain[idx], packed[idx]
     assert set(want.keys(True, True)) == set(got.keys(True, True))
     for key in want.keys(True, True):
         assert torch.equal(want[key], got[key]), key
+    packed.close()
+
+
+def test_open_dataset_trains_from_a_packed_file(source: Path, tmp_path: Path) -> None:
+    compress(source, tmp_path / "p.h5", pack=True)
+    same_transitions(source, tmp_path / "p.h5")
 
 
 def test_report_pack_predicts_the_packed_size(source: Path, tmp_path: Path) -> None:

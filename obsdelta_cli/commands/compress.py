@@ -215,6 +215,7 @@ def compress(
     options: dict[str, Any] | None = None,
     verify: bool = True,
     pack: bool = False,
+    flat: bool = False,
     copy_if_nothing: bool = False,
 ) -> DatasetResult:
     """Write ``output``: ``input`` with each selected next observation stored by a codec.
@@ -225,7 +226,8 @@ def compress(
     store within the bound are kept exactly as exception rows; ``exceptions=False`` refuses the
     key instead. ``options`` are container write options (``{"h5_compression": "zstd"}``).
     With ``verify`` (the default) the output is re-read and checked before it is put in place.
-    With ``pack``, ``output`` is one packed HDF5 file (:mod:`.pack`). ``copy_if_nothing``
+    With ``pack``, ``output`` is one packed HDF5 file (:mod:`.pack`); with ``flat`` too, each
+    key's datasets of an HDF5 file's episodes are stored as one. ``copy_if_nothing``
     (what ``--pack`` packs): an input with no next observations (Minari, D4RL AntMaze) is
     copied with its manifest, where it would be refused.
     """
@@ -235,8 +237,10 @@ def compress(
         return compress_packed(
             input, output, codec=codec, keys=keys, max_abs_error=max_abs_error,
             exceptions=exceptions, time_dim=time_dim, force=force, chunk_mb=chunk_mb,
-            options=options, verify=verify,
+            options=options, verify=verify, flat=flat,
         )  # fmt: skip
+    if flat:
+        raise UsageError("--flat needs --pack", hint="add --pack")
     input, output = Path(input), Path(output)
     check_bound(max_abs_error)
     auto = codec == AUTO

@@ -35,6 +35,10 @@ PACKABLE = (
     "ted-hdf5",
     "minari-hdf5",
 )
+#: Inputs ``--pack --flat`` takes: HDF5 files.
+FLATTENABLE = ("d4rl-hdf5", "robomimic-hdf5", "ted-hdf5", "minari-hdf5")
+#: What ``compress --pack --flat`` adds to what it says.
+FLAT_NOTE = "; each key's datasets of every episode stored as one (--flat)"
 #: What ``compress --pack`` says it did.
 PACKED = "packed into one HDF5 file, every dataset filtered"
 #: ... of an input with no next observations to remove (Minari, D4RL AntMaze).
@@ -58,13 +62,20 @@ def _inner_name(input: Path) -> str:
     return "inner" + (input.suffix if input.is_file() else "")
 
 
-def _check_packable(input: Path) -> str:
+def _check_packable(input: Path, flat: bool = False) -> str:
     name = detect(input).name
     if name not in PACKABLE:
         raise UsageError(
             f"--pack does not take {name} inputs",
             file=input,
             hint=f"--pack takes {', '.join(PACKABLE)}",
+        )
+    if flat and name not in FLATTENABLE:
+        raise UsageError(
+            f"--flat does not take {name} inputs: it stores the datasets of an HDF5 file's "
+            "episodes together",
+            file=input,
+            hint=f"drop --flat; it takes {', '.join(FLATTENABLE)}",
         )
     return name
 
@@ -76,13 +87,15 @@ def compress_packed(
     force: bool = False,
     chunk_mb: float = DEFAULT_CHUNK_MB,
     verify: bool = True,
+    flat: bool = False,
     **options: Any,
 ) -> DatasetResult:
-    """``compress`` into one packed HDF5 file ``output`` (``options`` as for ``compress``)."""
+    """``compress`` into one packed HDF5 file ``output`` (``options`` as for ``compress``);
+    ``flat``: each key's datasets of every episode as one dataset (:mod:`..formats.pack_flat`)."""
     from .compress import compress
 
     input, output = Path(input), Path(output)
-    _check_packable(input)
+    _check_packable(input, flat)
     check_output(output, input, force=force)  # refuse early, before any work
     with atomic_output(output, source=input, force=force, replaceable=NAME) as tmp:
         work = _work_dir(output)
@@ -96,7 +109,7 @@ def compress_packed(
                 )
             fmt, source = open_input(inner)
             try:
-                pack(source, fmt.name, manifest_of(source), tmp, Chooser())
+                pack(source, fmt.name, manifest_of(source), tmp, Chooser(), flat=flat)
             finally:
                 fmt.close(source)
         finally:
@@ -105,7 +118,7 @@ def compress_packed(
         if verify:
             verify_written(tmp, chunk_mb)
         writing.join()
-    note = PACKED if result.keys else ONLY_FILTERED
+    note = (PACKED if result.keys else ONLY_FILTERED) + (FLAT_NOTE if flat else "")
     return replace(result, output=str(output), bytes_after=disk_size(output), note=note)
 
 
@@ -133,14 +146,16 @@ def inflate_packed(
     return replace(result, input=str(input), bytes_before=disk_size(input), format=NAME)
 
 
-def predict_packed(input: Path, *, chunk_mb: float = DEFAULT_CHUNK_MB, **options: Any) -> int:
+def predict_packed(
+    input: Path, *, chunk_mb: float = DEFAULT_CHUNK_MB, flat: bool = False, **options: Any
+) -> int:
     """Bytes ``compress --pack`` would write for ``input``: the compressed dataset is written to
     a working folder, then packed with only a sample of each dataset's chunks, the size of the
     others extrapolated."""
     from .compress import compress
 
     input = Path(input)
-    _check_packable(input)
+    _check_packable(input, flat)
     probe = Path(os.environ.get("TMPDIR", "/tmp")) / f"obsdelta-report-{os.getpid()}"
     work = _work_dir(probe)
     try:
@@ -150,7 +165,8 @@ def predict_packed(input: Path, *, chunk_mb: float = DEFAULT_CHUNK_MB, **options
         fmt, source = open_input(inner)
         try:
             probe = work / "probe.h5"
-            return pack(source, fmt.name, manifest_of(source), probe, Chooser(sample=True))
+            chooser = Chooser(sample=True)
+            return pack(source, fmt.name, manifest_of(source), probe, chooser, flat=flat)
         finally:
             fmt.close(source)
     finally:

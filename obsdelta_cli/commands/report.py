@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..codecs import AUTO, CODECS, DEFAULT_CODEC, make_codec
+from ..errors import UsageError
 from ..formats import Source, disk_size
 from ..rebuild import stored_pairs
 from ..report import DatasetResult, KeyResult
@@ -34,15 +35,19 @@ def report(
     time_dim: int = -1,
     chunk_mb: float = DEFAULT_CHUNK_MB,
     pack: bool = False,
+    flat: bool = False,
 ) -> DatasetResult:
     """Measure without writing.
 
     On a plain input: every codec on every key (a dry run), with what ``--codec auto`` would
     pick under ``max_abs_error`` marked. On a compressed input: the original and the stored
     size, and the error measured when it was written. With ``pack``, the size after of a
-    plain input is what ``compress --pack`` would write, predicted from a sample of chunks.
+    plain input is what ``compress --pack`` would write, predicted from a sample of chunks
+    (``flat``: ``compress --pack --flat``).
     """
     input = Path(input)
+    if flat and not pack:
+        raise UsageError("--flat needs --pack", hint="add --pack")
     check_bound(max_abs_error)
     if codec != AUTO:
         make_codec(codec, max_abs_error)  # refuse what compress would refuse
@@ -103,7 +108,7 @@ def report(
 
         predicted = predict_packed(
             input, codec=codec, keys=keys, max_abs_error=max_abs_error, time_dim=time_dim,
-            chunk_mb=chunk_mb,
+            chunk_mb=chunk_mb, flat=flat,
         )  # fmt: skip
         note = "--pack: the size after is predicted from a sample of each key's chunks"
         return replace(result, bytes_after=predicted, note=note)

@@ -12,7 +12,7 @@ time) pass again.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -191,12 +191,27 @@ def inner_manifest(manifest: Manifest, file: Path) -> Manifest:
 # Packing
 
 
-def pack(inner: Source, inner_name: str, manifest: Manifest, out: Path, chooser: Chooser) -> int:
+def pack(
+    inner: Source,
+    inner_name: str,
+    manifest: Manifest,
+    out: Path,
+    chooser: Chooser,
+    *,
+    flat: bool = False,
+) -> int:
     """Write the packed file ``out`` from the opened compressed container ``inner``; return its
-    size, or with ``chooser.sample``, the size predicted for the whole file."""
+    size, or with ``chooser.sample``, the size predicted for the whole file. ``flat``: the
+    datasets of an HDF5 inner's episodes as one dataset per key (:mod:`.pack_flat`)."""
     with h5_output(out, LIBVER) as f:
         minimal_headers(f)
-        if isinstance(inner.handle, h5py.File):
+        if flat and isinstance(inner.handle, h5py.File):
+            from .pack_flat import pack_flat  # it builds on this module
+
+            info = pack_flat(inner.handle, f, chooser)
+        elif flat:
+            raise UsageError("--flat takes HDF5 inputs only", file=inner.path)
+        elif isinstance(inner.handle, h5py.File):
             info = _pack_hdf5(inner.handle, f, chooser)
         elif inner_name == "ted-pt":
             from .pack_pt import pack_pt  # it builds on this module
@@ -231,20 +246,20 @@ def _group_like(src: h5py.Group, dst: h5py.Group, name: str) -> h5py.Group:
     return group
 
 
-def _repackable(ds: h5py.Dataset) -> bool:
+def _repackable(ds: h5py.Dataset, flat: bool = False) -> bool:
     """A numeric dataset of rows, stored in the file, worth filtering, or with a heavy chunk
     index: HDF5's copy of a chunked dataset keeps its index, a version-1 B-tree of 2.1-2.6 KB
     in files of HDF5's oldest format however small the dataset (a Minari episode's
     ``rewards``, ``terminations`` and ``truncations``), where a repacked one costs about
     0.4 KB with its layout twin. Not one whose filter is scale-offset: unpacking would encode
     its values again, which need not give back the bytes it stored (they are copied as they
-    are)."""
+    are). ``flat``: whatever its size, as its rows join others' (:mod:`.pack_flat`)."""
     dcpl = ds.id.get_create_plist()
     layout = dcpl.get_layout()
     return (
         ds.ndim >= 1
         and torch_dtype(ds.dtype) is not None
-        and (ds.nbytes >= MIN_PACK_BYTES or _heavy_index(ds, layout))
+        and (flat or ds.nbytes >= MIN_PACK_BYTES or _heavy_index(ds, layout))
         and layout in (h5py.h5d.CONTIGUOUS, h5py.h5d.CHUNKED)
         and dcpl.get_external_count() == 0
         and 0 not in ds.shape
@@ -275,17 +290,18 @@ def _absent_chunks(ds: h5py.Dataset) -> list[list[int]] | None:
     return [list(map(int, o)) for o in grid if tuple(int(x) for x in o) not in stored]
 
 
-def _pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, Any]:
-    datasets: dict[str, Any] = {}
+def copy_structure(
+    src: h5py.File,
+    out: h5py.File,
+    rewritten: Container[str],
+    rewrite: Callable[[h5py.Dataset, h5py.Group, str, str], None],
+) -> None:
+    """Copy ``src`` into ``out`` object for object but its manifest (the packed one holds
+    it), with its root attributes; each dataset whose path is in ``rewritten`` is given to
+    ``rewrite(dataset, parent in out, name, path)`` instead."""
     for name in src.attrs:
         if name != META_ATTR:
             out.attrs.create(name, src.attrs[name], dtype=src.attrs.get_id(name).dtype)
-    repacked = {
-        name: obj
-        for name, obj in objects_of(src)
-        if isinstance(obj, h5py.Dataset) and _repacked(obj, name)
-    }
-    shared = plan_columns(repacked)
     relinks = Relinks()
 
     def walk(group: h5py.Group, dst: h5py.Group) -> None:
@@ -293,25 +309,40 @@ def _pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, An
         # thread may need (to free an h5py object) while this thread waits for it.
         for name, obj in list(group.items()):
             path = obj.name.lstrip("/")
-            # The inner manifest is left out (the packed one holds it); a second link to an
-            # object copied already links to its copy.
+            # A second link to an object copied already links to its copy.
             if path == MANIFEST or relinks.relinked(obj, dst, name):
                 continue
             if isinstance(obj, h5py.Group):
                 walk(obj, _group_like(obj, dst, name))
-            elif path in repacked:
-                datasets[path] = _repack(obj, dst, name, path, out, chooser, shared.get(path))
+            elif path in rewritten:
+                rewrite(obj, dst, name, path)
             else:
                 group.copy(obj, dst, name=name)
 
     walk(src, out)
+
+
+def _pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, Any]:
+    datasets: dict[str, Any] = {}
+    repacked = {
+        name: obj
+        for name, obj in objects_of(src)
+        if isinstance(obj, h5py.Dataset) and _repacked(obj, name)
+    }
+    shared = plan_columns(repacked)
+
+    def rewrite(ds: h5py.Dataset, dst: h5py.Group, name: str, path: str) -> None:
+        datasets[path] = _repack(ds, dst, name, path, out, chooser, shared.get(path))
+
+    copy_structure(src, out, repacked, rewrite)
     return {"kind": "hdf5", "libver": list(src.libver), "datasets": datasets}
 
 
-def _repacked(ds: h5py.Dataset, path: str) -> bool:
+def _repacked(ds: h5py.Dataset, path: str, flat: bool = False) -> bool:
     """Whether a dataset of an HDF5 inner is rewritten (obsdelta's exception rows and layouts
     are copied as they are)."""
-    return _repackable(ds) and path.split("/")[:2] not in ([OWN, "arrays"], [OWN, "layout"])
+    own = path.split("/")[:2] in ([OWN, "arrays"], [OWN, "layout"])
+    return _repackable(ds, flat) and not own
 
 
 def _repack(
@@ -501,8 +532,10 @@ def _check_kept(packed: Source, datasets: dict[str, Any], inner: Manifest) -> No
     """The objects unpacking copies whole (those not repacked), checked against the inner
     container's record before HDF5 is asked to copy them, as inflate checks what it copies:
     HDF5 can crash on a damaged object it copies."""
+    # Read from the file the objects are in: a flat packed file's skeleton is apart.
     with reading_pack(packed.path):
-        found = hash_objects_apart(packed.handle, packed.path, lambda name: name in datasets)
+        held = Path(packed.handle.filename)
+        found = hash_objects_apart(packed.handle, held, lambda name: name in datasets)
     differing = inner.object_differing(found, all_recorded=False)
     if differing is not None:
         name, recorded, _ = differing
@@ -520,7 +553,8 @@ def _unpack_hdf5(packed: Source, info: dict[str, Any], inner: Manifest, out: Pat
         reading_pack(packed.path),
     ):
         copy_attrs(src, f)
-        del f.attrs[META_ATTR]
+        if META_ATTR in f.attrs:  # a flat packed file's skeleton has none
+            del f.attrs[META_ATTR]
         _unpack_group(packed, src, f, info["datasets"])
         if OWN in f and not len(f[OWN]):
             del f[OWN]
@@ -572,8 +606,10 @@ def _copy_values(ds: h5py.Dataset, dst: h5py.Group, name: str) -> None:
 def _restore(
     packed: Source, ds: h5py.Dataset, dst: h5py.Group, name: str, path: str, entry: Any
 ) -> None:
-    """Recreate a repacked dataset with its original creation properties and values."""
-    twin = packed.handle.get(f"{LAYOUT_TWINS}/{path}")
+    """Recreate a repacked dataset with its original creation properties and values (those of
+    a flat packed file's member: its twin in the skeleton, and its rows of its family)."""
+    flat = packed.memo.get("flat")
+    twin = ds if flat is not None else packed.handle.get(f"{LAYOUT_TWINS}/{path}")
     if not isinstance(twin, h5py.Dataset) or twin.shape != ds.shape or twin.dtype != ds.dtype:
         raise damaged_pack(packed.path, f"the original layout of {path} is missing")
     dcpl = dcpl_like(twin.id.get_create_plist(), True)
@@ -583,7 +619,10 @@ def _restore(
     for attr in ds.attrs:
         if attr != TRANSFORM_ATTR:
             new.attrs.create(attr, ds.attrs[attr], dtype=ds.attrs.get_id(attr).dtype)
-    leaf = repacked_leaf(packed.handle, packed.path, path, entry, COMMAND_CACHE_BYTES)
+    if flat is not None:
+        leaf = flat.leaf(ds, path)
+    else:
+        leaf = repacked_leaf(packed.handle, packed.path, path, entry, COMMAND_CACHE_BYTES)
     absent = entry.get("absent")
     if absent == []:
         return  # never written: no storage, as the original

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -276,8 +276,13 @@ def virtual_record(info: dict[str, Any], file: Path) -> Allowed:
     """The mappings the manifest allows each virtual dataset of a packed file."""
     recorded: dict[str, list[Block]] = {}
     if info["kind"] == "hdf5":
-        for path, entry in info["datasets"].items():
+        flat = info.get("flat")
+        families = [e for e in flat if isinstance(e, dict)] if isinstance(flat, list) else []
+        entries = [*info["datasets"].items(), *((e.get("path"), e) for e in families)]
+        for path, entry in entries:
             if isinstance(entry, dict) and entry.get("columns") is not None:
+                if not isinstance(path, str):
+                    raise damaged_pack(file, "obsdelta metadata field pack.flat is malformed")
                 recorded[path] = parse_blocks(entry["columns"], file, path)
 
     def allowed(path: str, shape: tuple[int, ...]) -> list[VirtualMap] | None:
@@ -330,6 +335,15 @@ def file_bytes(f: h5py.File, index: int, file: Path) -> bytes:
     return read_rows(ds, slice(None), file, f"packed file f{index}").tobytes()
 
 
+def byte_blocks(f: h5py.File, path: str, file: Path, block: int = 8 << 20) -> Iterator[bytes]:
+    """The bytes of the opaque byte dataset ``path``, ``block`` at a time."""
+    ds = f.get(path)
+    if not isinstance(ds, h5py.Dataset) or ds.ndim != 1 or ds.dtype.itemsize != 1:
+        raise damaged_pack(file, f"{path} is missing")
+    for start in range(0, ds.shape[0], block):
+        yield read_rows(ds, slice(start, start + block), file, path).tobytes()
+
+
 class Packed(Format):
     """A packed HDF5 file (``compress --pack``): read like the compressed dataset it holds."""
 
@@ -350,6 +364,9 @@ class Packed(Format):
             f = h5_file(path, rdcc_nbytes=self.cache_bytes)
         except (OSError, ValueError) as exc:
             raise damaged_file(path, exc) from None
+        # A flat packed file is read through its skeleton, opened apart (.pack_flat).
+        handle: h5py.File = f
+        memo: dict[str, Any] = {}
         try:
             meta = read_meta(f, path)
             if meta is None:
@@ -361,19 +378,28 @@ class Packed(Format):
             batch_dims, valid = meta.get("batch_dims"), meta.get("valid_rows")
             if not isinstance(batch_dims, int) or not (valid is None or isinstance(valid, int)):
                 raise damaged_pack(path, "obsdelta metadata field batch_dims is malformed")
-            if info["kind"] == "hdf5":
+            if info["kind"] == "hdf5" and "flat" in info:
+                from .pack_flat import Flat  # it builds on this module
+
+                flat = memo["flat"] = Flat(f, path, info, self.cache_bytes)
+                handle = flat.open_skeleton()
+                leaves = flat.leaves(handle)
+                arrays: ArrayStore = H5Arrays(handle, path)
+            elif info["kind"] == "hdf5":
                 leaves = self._hdf5_leaves(f, path, info)
-                arrays: ArrayStore = H5Arrays(f, path)
+                arrays = H5Arrays(f, path)
             else:
                 leaves = self._folder_leaves(f, path, info)
                 arrays = PackedFiles(f, path, _array_files(info))
         except (RuntimeError, OSError, KeyError, ValueError, TypeError) as exc:
-            f.close()
+            _close(f, memo, handle)
             raise damaged_pack(path, f"cannot read the file's structure ({exc})") from None
         except BaseException:
-            f.close()
+            _close(f, memo, handle)
             raise
-        return Source(path, leaves, batch_dims, meta, valid, arrays=arrays, handle=f)
+        source = Source(path, leaves, batch_dims, meta, valid, arrays=arrays, handle=handle)
+        source.memo.update(memo)
+        return source
 
     def _leaf(self, f: h5py.File, ds: h5py.Dataset, path: Path) -> LazyLeaf:
         return packed_leaf(ds, path, self.cache_bytes, file_reads(f))
@@ -410,7 +436,8 @@ class Packed(Format):
         return leaves
 
     def close(self, source: Source) -> None:
-        source.handle.close()
+        flat = source.memo.get("flat")
+        _close(flat.f if flat is not None else source.handle, source.memo, source.handle)
 
     def object_hashes(
         self,
@@ -432,6 +459,9 @@ class Packed(Format):
         try:
             if info["kind"] == "folder":
                 return _folder_hashes(f, file, info, skip)
+            flat = opened.memo.get("flat") if isinstance(opened, Source) else None
+            if flat is not None:
+                return _hdf5_hashes(f, file, info, meta or {}, skip, known or {}, flat.leaf)
             return _hdf5_hashes(f, file, info, meta or {}, skip, known or {})
         except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
             raise damaged_pack(file, f"cannot read an object ({exc})") from None
@@ -453,6 +483,16 @@ class Packed(Format):
 
     def finish(self, path: Path, sink: Sink, meta: dict[str, Any] | None) -> None:
         raise UsageError("a packed file is written by compress --pack", file=path)
+
+
+def _close(f: h5py.File, memo: dict[str, Any] | None, handle: Any) -> None:
+    """Close a packed file, and a flat one's skeleton (its temporary file deleted)."""
+    flat = (memo or {}).get("flat")
+    if flat is not None:
+        if handle is not None and handle is not f:
+            handle.close()
+        flat.close()
+    f.close()
 
 
 def _array_files(info: dict[str, Any]) -> dict[str, int]:
@@ -492,9 +532,11 @@ def _hdf5_hashes(
     meta: dict[str, Any],
     skip: Callable[[str], bool],
     known: Mapping[str, str],
+    member: Callable[[h5py.Dataset, str], LazyLeaf] | None = None,
 ) -> dict[str, str]:
     """An HDF5 inner's objects; a repacked dataset in ``known`` is taken as recorded there
-    (its values are checked as a leaf), the others are read and hashed."""
+    (its values are checked as a leaf), the others are read and hashed (a flat file's
+    members, ``member``, from their families)."""
     repacked: dict[str, Any] = info["datasets"]
     # The objects kept as they are, in a child: a damaged attribute can crash HDF5 (.apart).
     out = hash_objects_apart(f, file, lambda n: n in repacked or skip(n))
@@ -510,7 +552,7 @@ def _hdf5_hashes(
         if name in known:
             out[name] = known[name]
             continue
-        leaf = repacked_leaf(f, file, name, entry, 0)
+        leaf = member(ds, name) if member else repacked_leaf(f, file, name, entry, 0)
         rows = ds.shape[0] if ds.ndim else 0
         step = max(1, (4 << 20) // max(1, math.prod(ds.shape[1:]) * ds.dtype.itemsize))
         found = values_hash(leaf, rows, step)
