@@ -19,12 +19,13 @@ Every input is non-repeating data in the layout its format ships with:
   of ``run.py`` (``inputs.py``: real Hopper-v5 episodes, each with its own noise);
 
 For each: the input's bytes on disk, then bytes and wall time of ``compress --pack`` (with
-``--flat``: ``compress --pack --flat``, for the HDF5 inputs; the CLI, start-up included), ``zstd -3 -T1`` and ``zstd -19 --long=27 -T1`` (on a file; ``tar | zstd``
-on a folder), each timed as ``run.py`` times its commands (``Bench.time``: cold input, programs
-warm, the baselines ending with ``&& sync`` as obsdelta flushes its own output; median of
-``--repeat`` runs). ``zstd -19`` takes minutes per 100 MB of float data here: inputs over
-``--z19-max-mb`` skip it. Then training reads from the packed D4RL v2 file against sorted h5py
-reads of the plain one, and a behaviour-cloning loop fed by each (``reads.py``, warm cache).
+``--flat``: ``compress --pack --flat``, for the HDF5 inputs; the CLI, start-up included),
+``zstd -3 -T1`` and ``zstd -19 --long=27 -T1`` (on a file; ``tar | zstd`` on a folder), each
+timed as ``run.py`` times its commands (``Bench.time``: cold input, programs warm, the baselines
+ending with ``&& sync`` as obsdelta flushes its own output; median of ``--repeat`` runs). ``zstd
+-19`` takes minutes per 100 MB of float data here: inputs over ``--z19-max-mb`` skip it. Then
+training reads from the packed D4RL v2 file against sorted h5py reads of the plain one, and a
+behaviour-cloning loop fed by each (``reads.py``, warm cache).
 
 Needs ale-py (``pip install -e ".[dev]"``) for the Pong input, torchrl for the replay-buffer
 dump, and the ``zstd`` program.

@@ -14,6 +14,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+import xxhash
 from tensordict import TensorDictBase
 from torch.utils.data import DataLoader
 
@@ -253,3 +254,28 @@ def test_cli_pack_flat(cli: Cli, tmp_path: Path) -> None:
     assert "--flat" in " ".join(out.split())
     with h5py.File(tmp_path / "f.h5") as f:
         assert FLAT in f and SKELETON in f
+
+
+def test_a_skeleton_pointing_outside_itself_is_refused(cli: Cli, tmp_path: Path) -> None:
+    """A skeleton with an external link, its hash made to match, is refused before anything
+    follows the link, as any input would be."""
+    src = tmp_path / "in.hdf5"
+    shutil.copy2(SAMPLE / SAMPLES["robomimic-hdf5"], src)
+    packed = tmp_path / "flat.h5"
+    compress(src, packed, pack=True, flat=True)
+    skeleton = tmp_path / "skeleton.h5"
+
+    def link_outside(f: h5py.File, meta: dict[str, Any]) -> None:
+        skeleton.write_bytes(f[SKELETON][()].tobytes())
+        with h5py.File(skeleton, "r+") as s:
+            s["data/elsewhere"] = h5py.ExternalLink(str(tmp_path / "other.h5"), "/x")
+        data = skeleton.read_bytes()
+        del f[SKELETON]
+        f[SKELETON] = np.frombuffer(data, np.uint8).view("V1")
+        meta["pack"]["skeleton"] = xxhash.xxh3_64_hexdigest(data)
+
+    _rewrite(packed, link_outside)
+    for command in (["verify", packed], ["inflate", packed, "-o", tmp_path / "back.hdf5"]):
+        expect_error(cli, *command, says=["external link"])
+    with pytest.raises(InputError, match="external link"):
+        open_dataset(packed)
