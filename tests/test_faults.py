@@ -82,12 +82,13 @@ def run_flips(
     flips: int,
     *,
     pack: bool = False,
+    flat: bool = False,
     seed: str = "",
 ) -> dict:
     # A copy of the rows, as saved on their own (torch.save of a view writes the whole storage).
     src = WRITERS[kind](hopper[:600].clone(), tmp / "in")
     small = tmp / ("small.h5" if pack else f"small{src.suffix}")
-    compress(src, small, codec=codec, pack=pack)
+    compress(src, small, codec=codec, pack=pack, flat=flat)
     inflate(small, tmp / f"ref{src.suffix}")
     reference = _content(tmp / f"ref{src.suffix}")
     rng = random.Random(f"{kind}-{codec}{seed and '-'}{seed}")
@@ -171,6 +172,31 @@ def test_bit_flips_in_a_packed_file_with_nothing_encoded_are_caught(
         monkeypatch.setattr(hdf5_chunks, "MIN_CHUNK_BYTES", 0)
     seed = "direct" if direct else "hdf5"
     tally = run_flips("minari-hdf5", "exact", hopper, tmp_path, flips=flips, pack=True, seed=seed)
+    _check(tally)
+    assert tally["caught"] + tally["harmless"] == flips
+
+
+#: HDF5 inputs, which ``--pack --flat`` takes.
+FLAT_KINDS = ["d4rl-hdf5", "robomimic-hdf5", "ted-hdf5", "minari-hdf5"]
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["flat", "flat-direct"])
+@pytest.mark.parametrize("flips", [12, pytest.param(150, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kind", FLAT_KINDS)
+def test_bit_flips_in_a_flat_packed_file_are_caught(
+    kind: str,
+    flips: int,
+    direct: bool,
+    hopper: TensorDictBase,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--pack --flat``: a flip in a family dataset, the skeleton (an HDF5 file's bytes read
+    from a temporary file) or the manifest is caught or harmless, for verify and inflate."""
+    if direct:
+        monkeypatch.setattr(hdf5_chunks, "MIN_CHUNK_BYTES", 0)
+    seed = f"flat-{'direct' if direct else 'hdf5'}"
+    tally = run_flips(kind, "exact", hopper, tmp_path, flips=flips, pack=True, flat=True, seed=seed)
     _check(tally)
     assert tally["caught"] + tally["harmless"] == flips
 
@@ -303,28 +329,32 @@ def _cli(*args: str | Path) -> tuple[int | str, str]:
     return done.returncode, done.stderr
 
 
-#: Every kind compressed and packed, and a Minari file, which only ``--pack`` takes.
-PAGE_CASES = [(kind, pack) for kind in KINDS for pack in (False, True)] + [("minari-hdf5", True)]
+#: Every kind compressed and packed, a Minari file, which only ``--pack`` takes, and every
+#: HDF5 kind packed ``--flat``.
+PAGE_CASES = (
+    [(kind, "compressed") for kind in KINDS]
+    + [(kind, "packed") for kind in [*KINDS, "minari-hdf5"]]
+    + [(kind, "flat") for kind in FLAT_KINDS]
+)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("kind", "pack"),
-    PAGE_CASES,
-    ids=[f"{kind}-{'packed' if pack else 'compressed'}" for kind, pack in PAGE_CASES],
+    ("kind", "output"), PAGE_CASES, ids=[f"{kind}-{output}" for kind, output in PAGE_CASES]
 )
 def test_zeroed_pages_and_truncations_are_caught(
-    kind: str, pack: bool, hopper: TensorDictBase, tmp_path: Path
+    kind: str, output: str, hopper: TensorDictBase, tmp_path: Path
 ) -> None:
     """A zeroed 4 KiB page or a truncation of any file of an output, through the CLI: one error
     line and exit 1, or exactly the original; never a crash, a hang, a traceback or a partial
     output. (A zeroed page of the heap holding variable-length strings made HDF5 loop.)"""
+    pack = output != "compressed"
     src = WRITERS[kind](hopper[:600].clone(), tmp_path / "in")
     small = tmp_path / ("small.h5" if pack else f"small{src.suffix}")
-    compress(src, small, codec="exact", pack=pack)
+    compress(src, small, codec="exact", pack=pack, flat=output == "flat")
     inflate(small, tmp_path / f"ref{src.suffix}")
     reference = _content(tmp_path / f"ref{src.suffix}")
-    rng = random.Random(f"pages-{kind}-{pack}")
+    rng = random.Random(f"pages-{kind}-{'flat' if output == 'flat' else pack}")
     bad = []
     for i in range(12):
         damaged, back = tmp_path / f"d{small.suffix}", tmp_path / f"b{src.suffix}"
