@@ -29,6 +29,7 @@ from tensordict import TensorDictBase
 from obsdelta_cli.formats import FORMATS
 
 from .conftest import read_any, tree_hash
+from .manifests import manifest_of, rewrite_manifest
 from .writers import WRITERS
 
 PREFIX = "obsdelta: error: "
@@ -157,7 +158,7 @@ def edit_obsdelta_meta(path: Path, **changes: object) -> None:
     """Change fields of the obsdelta metadata of a compressed dataset of any format."""
     if path.suffix == ".h5":
         with h5py.File(path, "r+") as f:
-            f.attrs["obsdelta"] = json.dumps({**json.loads(f.attrs["obsdelta"]), **changes})
+            rewrite_manifest(f, {**manifest_of(f), **changes})
     elif path.is_file():
         td = torch.load(path, weights_only=False)
         entry = td.get_non_tensor("_obsdelta")

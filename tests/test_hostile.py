@@ -26,9 +26,9 @@ from obsdelta_cli import compress, inflate
 from obsdelta_cli.errors import InputError
 from obsdelta_cli.formats.packed import is_packed
 from obsdelta_cli.formats.ted_pt import load
-from obsdelta_cli.manifest import content_hash
 
 from .conftest import SAMPLE, Cli, tree_hash
+from .manifests import manifest_of, rewrite_manifest
 from .test_cli_errors import expect_error
 from .writers import write_d4rl
 
@@ -111,7 +111,7 @@ def test_packed_pt_with_code_in_its_pickle_is_refused(
     compress(src, packed, pack=True)
     marker = tmp_path / "MARKER"
     with h5py.File(packed, "r+") as f:
-        meta = json.loads(f.attrs["obsdelta"])
+        meta = manifest_of(f)
         skeleton = bytearray(f["obsdelta/pack/skeleton"][()].tobytes())
         # The pickle is the first record's data: same length, so every offset stays valid.
         name_len, extra_len = struct.unpack_from("<HH", skeleton, 26)
@@ -123,10 +123,7 @@ def test_packed_pt_with_code_in_its_pickle_is_refused(
         del f["obsdelta/pack/skeleton"]
         f["obsdelta/pack/skeleton"] = np.frombuffer(bytes(skeleton), np.uint8).view("V1")
         meta["pack"]["skeleton"] = xxhash.xxh3_64_hexdigest(bytes(skeleton))
-        meta["manifest_hash"] = content_hash(
-            {k: v for k, v in meta.items() if k != "manifest_hash"}
-        )
-        f.attrs["obsdelta"] = json.dumps(meta)
+        rewrite_manifest(f, meta, rehash=True)
     says = ["posix.system", "does not load", "if you trust this file"]
     expect_error(cli, "inflate", packed, "-o", tmp_path / "back.pt", says=says)
     assert not marker.exists(), "the pickle ran"
@@ -324,9 +321,10 @@ def test_a_manifest_outside_the_file_is_never_read(cli: Cli, tmp_path: Path) -> 
     packed = tmp_path / "p.h5"
     compress(SAMPLE / "hopper_d4rl.hdf5", packed, pack=True)
     with h5py.File(packed, "r+") as f:
-        text = f.attrs["obsdelta"]
+        text = json.dumps(manifest_of(f)).encode()
         assert json.loads(text)["format"] == "packed-hdf5"
         f.attrs["obsdelta"] = json.dumps({"manifest": "obsdelta/manifest"})
+        del f["obsdelta/manifest"]
         f["obsdelta/manifest"] = h5py.ExternalLink("outside.h5", "/x")
     with h5py.File(tmp_path / "outside.h5", "w") as g:
         raw = np.frombuffer(zlib.compress(bytes(text)), np.uint8)

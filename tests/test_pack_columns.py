@@ -5,7 +5,6 @@ manifest's record, refusing a file whose mappings differ from it."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from obsdelta_cli.formats.pack_columns import COLUMNS, SAMPLE_ROWS
 
 from . import realistic as R
 from .conftest import SAMPLE, Cli
+from .manifests import manifest_of, rewrite_manifest
 from .test_cli_errors import expect_error
 from .test_pack import h5_objects
 from .writers import write_ted_hdf5
@@ -187,9 +187,9 @@ def _tamper(packed: Path, kind: str) -> str:
             f.create_virtual_dataset("infos/extra", layout)
             return "dataset /infos/extra is a virtual dataset not mapped as recorded"
         assert kind == "chain"  # recorded, but mapping another virtual dataset
-        meta = json.loads(f.attrs["obsdelta"])
+        meta = manifest_of(f)
         meta["pack"]["datasets"]["infos/qpos"]["columns"] = [[0, 6, "infos/qvel", 0]]
-        f.attrs["obsdelta"] = json.dumps(meta)
+        rewrite_manifest(f, meta)
         shape = f["infos/qpos"].shape
         del f["infos/qpos"]
         layout = h5py.VirtualLayout(shape=shape, dtype="f4")

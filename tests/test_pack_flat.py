@@ -22,13 +22,12 @@ from obsdelta_cli import collate, compress, inflate, open_dataset, report, verif
 from obsdelta_cli.commands.pack import FLATTENABLE
 from obsdelta_cli.errors import DataError, InputError, ObsdeltaError
 from obsdelta_cli.formats import detect
-from obsdelta_cli.formats.hdf5_meta import MANIFEST, read_meta, write_meta
+from obsdelta_cli.formats.hdf5_meta import read_meta
 from obsdelta_cli.formats.pack_flat import FLAT, SKELETON, family_of
-from obsdelta_cli.formats.pack_io import PLAIN_MANIFEST_BYTES
 from obsdelta_cli.formats.packed import NAME
-from obsdelta_cli.manifest import content_hash
 
 from .conftest import SAMPLE, Cli
+from .manifests import manifest_of, rewrite_manifest
 from .realistic import write_robomimic_real
 from .test_cli_errors import expect_error
 from .test_pack import plain_h5py_reads, same_container, same_transitions
@@ -178,13 +177,9 @@ def _rewrite(packed: Path, change: Callable[[h5py.File, dict[str, Any]], None]) 
     """Change a packed file's manifest (and what else ``change`` does), its hash made to
     match, as a hostile or careless writer would."""
     with h5py.File(packed, "r+") as f:
-        meta = read_meta(f, packed) or {}
+        meta = manifest_of(f)
         change(f, meta)
-        body = {k: v for k, v in meta.items() if k != "manifest_hash"}
-        meta["manifest_hash"] = content_hash(body)
-        if MANIFEST in f:
-            del f[MANIFEST]
-        write_meta(f, meta, plain_bytes=PLAIN_MANIFEST_BYTES)
+        rewrite_manifest(f, meta, rehash=True)
 
 
 def _changed_skeleton_byte(f: h5py.File, meta: dict[str, Any]) -> None:

@@ -80,10 +80,13 @@ LIBVER = ("v110", "v110")
 HEAVY_INDEX = 512
 #: Rows are moved in blocks of about this many bytes (whole chunks).
 BLOCK_BYTES = 8 << 20
-#: A packed file's manifest longer than this is stored compressed (a quarter of its size): a
-#: robomimic file's, one record per demo and key, is tens of KB in a file of a few 100 KB.
-#: Below it, the dataset's own object header costs about what compression gains.
-PLAIN_MANIFEST_BYTES = 1 << 13
+#: A packed file's manifest longer than this is stored compressed, at a quarter to a third of
+#: its size (the 4.2 KB of a replay-buffer dump's, 1.2 KB): the dataset that holds it costs an
+#: object header of about 110 bytes, which compression gains back from a few hundred bytes on.
+PLAIN_MANIFEST_BYTES = 1 << 9
+#: HDF5 sets aside space for metadata in blocks of this size (2 KiB by default): in a packed
+#: file of a few dozen small datasets, the unused ends of those blocks came to 1.2 KB.
+META_BLOCK_BYTES = 512
 
 Reader = Callable[[int, int], np.ndarray]
 
@@ -203,7 +206,7 @@ def pack(
     """Write the packed file ``out`` from the opened compressed container ``inner``; return its
     size, or with ``chooser.sample``, the size predicted for the whole file. ``flat``: the
     datasets of an HDF5 inner's episodes as one dataset per key (:mod:`.pack_flat`)."""
-    with h5_output(out, LIBVER) as f:
+    with h5_output(out, LIBVER, meta_block_size=META_BLOCK_BYTES) as f:
         minimal_headers(f)
         if flat and isinstance(inner.handle, h5py.File):
             from .pack_flat import pack_flat  # it builds on this module
@@ -225,10 +228,10 @@ def pack(
 
 
 @contextmanager
-def h5_output(path: Path, libver: Any) -> Iterator[h5py.File]:
-    """A new HDF5 file, flushed and closed at the end; a failed write is one
-    :class:`OutputError`, and the file is left for the caller to delete."""
-    f = new_output(path, libver)
+def h5_output(path: Path, libver: Any, **options: Any) -> Iterator[h5py.File]:
+    """A new HDF5 file (``options`` for ``h5py.File``), flushed and closed at the end; a failed
+    write is one :class:`OutputError`, and the file is left for the caller to delete."""
+    f = new_output(path, libver, **options)
     with closed_on_failure(f, path):
         yield f
         finish_output(f)
