@@ -31,7 +31,7 @@ from .manifests import manifest_of, rewrite_manifest
 from .realistic import write_robomimic_real
 from .test_cli_errors import expect_error
 from .test_pack import plain_h5py_reads, same_container, same_transitions
-from .writers import write_minari, write_ted_hdf5
+from .writers import WRITERS, write_minari, write_ted_hdf5
 
 SAMPLES = {"d4rl-hdf5": "hopper_d4rl.hdf5", "robomimic-hdf5": "hopper_robomimic.hdf5"}
 
@@ -139,6 +139,24 @@ def test_many_short_episodes_pack_smaller_flat(tmp_path: Path) -> None:
     with h5py.File(tmp_path / "flat.h5") as f:
         members = {m for fam in (read_meta(f, src) or {})["pack"]["flat"] for m in fam["members"]}
     assert len(members) >= 8 * demos  # actions, rewards, dones, states, obs/* of each demo
+
+
+@pytest.mark.parametrize("kind", ["robomimic-hdf5", "minari-hdf5", "d4rl-hdf5"])
+def test_pack_of_many_episodes_suggests_flat(
+    kind: str, hopper: TensorDictBase, tmp_path: Path
+) -> None:
+    """``compress --pack`` of a file of many episodes says that ``--flat`` exists, with the
+    number of episodes; of a file of one episode group (D4RL), or with ``--flat``, it does not."""
+    td = hopper.clone()
+    td["next", "done"][:] = False
+    td["next", "done"][49::50] = True  # 60 episodes of 50 steps
+    src = WRITERS[kind](td, tmp_path / "in")
+    note = compress(src, tmp_path / "p.h5", pack=True).note
+    if kind == "d4rl-hdf5":
+        assert "--flat" not in note
+    else:
+        assert "--flat would store the datasets of its 60 episodes together" in note
+    assert "--flat would" not in compress(src, tmp_path / "f.h5", pack=True, flat=True).note
 
 
 def test_family_of_blanks_the_numbers_of_groups_only() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 from ..atomic import _dead, _remove, atomic_output, check_output, scratch_folder, write_back
 from ..errors import UsageError
 from ..formats import detect, disk_size
+from ..formats.pack_flat import largest_family
 from ..formats.pack_io import Chooser, pack, unpack
 from ..formats.packed import NAME
 from ..report import DatasetResult
@@ -39,6 +40,8 @@ PACKABLE = (
 FLATTENABLE = ("d4rl-hdf5", "robomimic-hdf5", "ted-hdf5", "minari-hdf5")
 #: What ``compress --pack --flat`` adds to what it says.
 FLAT_NOTE = "; each key's datasets of every episode stored as one (--flat)"
+#: ``compress --pack`` of an HDF5 file with at least this many episodes suggests ``--flat``.
+FLAT_HINT_EPISODES = 32
 #: What ``compress --pack`` says it did.
 PACKED = "packed into one HDF5 file, every dataset filtered"
 #: ... of an input with no next observations to remove (Minari, D4RL AntMaze).
@@ -95,8 +98,9 @@ def compress_packed(
     from .compress import compress
 
     input, output = Path(input), Path(output)
-    _check_packable(input, flat)
+    name = _check_packable(input, flat)
     check_output(output, input, force=force)  # refuse early, before any work
+    episodes = 0
     with atomic_output(output, source=input, force=force, replaceable=NAME) as tmp:
         work = _work_dir(output)
         try:
@@ -110,6 +114,8 @@ def compress_packed(
             fmt, source = open_input(inner)
             try:
                 pack(source, fmt.name, manifest_of(source), tmp, Chooser(), flat=flat)
+                if not flat and name in FLATTENABLE:
+                    episodes = largest_family(source.handle)
             finally:
                 fmt.close(source)
         finally:
@@ -119,6 +125,11 @@ def compress_packed(
             verify_written(tmp, chunk_mb)
         writing.join()
     note = (PACKED if result.keys else ONLY_FILTERED) + (FLAT_NOTE if flat else "")
+    if episodes >= FLAT_HINT_EPISODES:
+        note += (
+            f"; --flat would store the datasets of its {episodes:,} episodes together, which "
+            "packs files of many episodes smaller (report --pack --flat predicts it)"
+        )
     return replace(result, output=str(output), bytes_after=disk_size(output), note=note)
 
 

@@ -82,6 +82,29 @@ def family_of(path: str, ds: Any) -> tuple[str, str, tuple[int, ...]]:
     return blanked, ds.dtype.str, tuple(int(n) for n in ds.shape[1:])
 
 
+def largest_family(f: h5py.File) -> int:
+    """How many datasets the largest family of ``f`` would gather, counted by path alone (the
+    names are walked, no dataset is opened): the number of episodes of a robomimic or Minari
+    file, 1 for a D4RL file.
+
+    >>> import io
+    >>> with h5py.File(io.BytesIO(), "w") as f:
+    ...     for i in range(3):
+    ...         _ = f.create_dataset(f"data/demo_{i}/actions", data=[0.0])
+    ...     largest_family(f)
+    3
+    """
+    names: list[bytes] = []
+    h5py.h5o.visit(f.id, names.append, info=False)
+    counts: dict[str, int] = {}
+    for raw in names:
+        *groups, name = raw.decode(errors="replace").split("/")
+        if groups:
+            blanked = "/".join([*(re.sub(r"\d+", "#", g) for g in groups), name])
+            counts[blanked] = counts.get(blanked, 0) + 1
+    return max(counts.values(), default=1)
+
+
 class Concat:
     """The rows of datasets of one family, one after the other, read like one dataset (what
     :func:`~.pack_columns.plan_columns` and the packing writers read)."""
