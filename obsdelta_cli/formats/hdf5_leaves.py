@@ -420,6 +420,10 @@ def leaves_of(f: h5py.File, file: Path, unread: dict[Key, str] | None = None) ->
     return out
 
 
+#: Exception arrays up to this size are read whole from a file open read-only.
+SMALL_ARRAY = 8 << 20
+
+
 class H5Arrays(ArrayStore):
     """Exception rows in resizable datasets under ``/obsdelta/arrays``."""
 
@@ -465,7 +469,12 @@ class H5Arrays(ArrayStore):
             return self._get(name, dtype, shape)
         asked = (name, dtype, tuple(shape))
         if asked not in self._found:
-            self._found[asked] = self._get(name, dtype, shape)
+            found = self._get(name, dtype, shape)
+            if isinstance(found, FlatRows) and math.prod(shape) * dtype.itemsize <= SMALL_ARRAY:
+                # Read whole, once: each pair reads its few rows of it, and a read through
+                # h5py costs a pair more than its rows (a robomimic file: 5,000 pairs).
+                found = found[:]
+            self._found[asked] = found
         return self._found[asked]
 
     def _get(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> Any:

@@ -48,6 +48,7 @@ from .hdf5_leaves import (
     h5_file,
     is_bf16,
     leaves_of,
+    object_at,
     objects_of,
     torch_dtype,
 )
@@ -317,7 +318,8 @@ class Flat:
             at = 0
             for path in family["members"]:
                 entry = datasets.get(path) if isinstance(path, str) else None
-                twin = s.get(path) if isinstance(entry, dict) else None
+                # From the walk leaves_of makes too: opened once, not reached through links.
+                twin = object_at(s, path) if isinstance(entry, dict) else None
                 if (
                     not isinstance(twin, h5py.Dataset)
                     or entry.get("flat") != index  # type: ignore[union-attr]
