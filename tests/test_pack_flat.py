@@ -145,18 +145,24 @@ def test_many_short_episodes_pack_smaller_flat(tmp_path: Path) -> None:
 def test_pack_of_many_episodes_suggests_flat(
     kind: str, hopper: TensorDictBase, tmp_path: Path
 ) -> None:
-    """``compress --pack`` of a file of many episodes says that ``--flat`` exists, with the
-    number of episodes; of a file of one episode group (D4RL), or with ``--flat``, it does not."""
+    """``compress --pack`` and ``report --pack`` of a file of many episodes say that
+    ``--flat`` exists, with the number of episodes; of a file of one episode group (D4RL), or
+    with ``--flat``, they do not."""
     td = hopper.clone()
     td["next", "done"][:] = False
     td["next", "done"][49::50] = True  # 60 episodes of 50 steps
     src = WRITERS[kind](td, tmp_path / "in")
-    note = compress(src, tmp_path / "p.h5", pack=True).note
-    if kind == "d4rl-hdf5":
-        assert "--flat" not in note
-    else:
-        assert "--flat would store the datasets of its 60 episodes together" in note
+    notes = [
+        compress(src, tmp_path / "p.h5", pack=True).note,
+        report(src, pack=True).note,
+    ]
+    for note in notes:
+        if kind == "d4rl-hdf5":
+            assert "--flat" not in note
+        else:
+            assert "--flat would store the datasets of its 60 episodes together" in note
     assert "--flat would" not in compress(src, tmp_path / "f.h5", pack=True, flat=True).note
+    assert "--flat would" not in report(src, pack=True, flat=True).note
 
 
 def test_family_of_blanks_the_numbers_of_groups_only() -> None:

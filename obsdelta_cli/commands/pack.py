@@ -17,6 +17,7 @@ from typing import Any
 from ..atomic import _dead, _remove, atomic_output, check_output, scratch_folder, write_back
 from ..errors import UsageError
 from ..formats import detect, disk_size
+from ..formats.hdf5_leaves import h5_file
 from ..formats.pack_flat import largest_family
 from ..formats.pack_io import Chooser, pack, unpack
 from ..formats.packed import NAME
@@ -83,6 +84,22 @@ def _check_packable(input: Path, flat: bool = False) -> str:
     return name
 
 
+def flat_hint(input: Path) -> str:
+    """What ``--pack`` without ``--flat`` adds to what it says of ``input``: that ``--flat``
+    exists, for an HDF5 file of :data:`FLAT_HINT_EPISODES` episodes or more (counted from its
+    paths; nothing is measured)."""
+    if detect(input).name not in FLATTENABLE:
+        return ""
+    with h5_file(input) as f:
+        episodes = largest_family(f)
+    if episodes < FLAT_HINT_EPISODES:
+        return ""
+    return (
+        f"; --flat would store the datasets of its {episodes:,} episodes together, which packs "
+        "files of many episodes smaller (report --pack --flat predicts it)"
+    )
+
+
 def compress_packed(
     input: Path,
     output: Path,
@@ -98,9 +115,8 @@ def compress_packed(
     from .compress import compress
 
     input, output = Path(input), Path(output)
-    name = _check_packable(input, flat)
+    _check_packable(input, flat)
     check_output(output, input, force=force)  # refuse early, before any work
-    episodes = 0
     with atomic_output(output, source=input, force=force, replaceable=NAME) as tmp:
         work = _work_dir(output)
         try:
@@ -114,8 +130,6 @@ def compress_packed(
             fmt, source = open_input(inner)
             try:
                 pack(source, fmt.name, manifest_of(source), tmp, Chooser(), flat=flat)
-                if not flat and name in FLATTENABLE:
-                    episodes = largest_family(source.handle)
             finally:
                 fmt.close(source)
         finally:
@@ -124,12 +138,7 @@ def compress_packed(
         if verify:
             verify_written(tmp, chunk_mb)
         writing.join()
-    note = (PACKED if result.keys else ONLY_FILTERED) + (FLAT_NOTE if flat else "")
-    if episodes >= FLAT_HINT_EPISODES:
-        note += (
-            f"; --flat would store the datasets of its {episodes:,} episodes together, which "
-            "packs files of many episodes smaller (report --pack --flat predicts it)"
-        )
+    note = (PACKED if result.keys else ONLY_FILTERED) + (FLAT_NOTE if flat else flat_hint(input))
     return replace(result, output=str(output), bytes_after=disk_size(output), note=note)
 
 

@@ -104,13 +104,14 @@ def report(
         fmt.close(source)
     result = DatasetResult("report", str(input), None, fmt.name, False, size, size - saved, results)
     if pack:
-        from .pack import predict_packed
+        from .pack import flat_hint, predict_packed
 
         predicted = predict_packed(
             input, codec=codec, keys=keys, max_abs_error=max_abs_error, time_dim=time_dim,
             chunk_mb=chunk_mb, flat=flat,
         )  # fmt: skip
         note = "--pack: the size after is predicted from a sample of each key's chunks"
+        note += "" if flat else flat_hint(Path(input))
         return replace(result, bytes_after=predicted, note=note)
     return result
 
