@@ -75,11 +75,13 @@ def contiguous_span(ds: h5py.Dataset, file_size: int) -> tuple[int, int] | None:
     """``(offset, nbytes)`` of a contiguous dataset's allocated storage, where it lies whole
     inside a file of ``file_size`` bytes; ``None`` for other layouts or unallocated storage."""
     dsid = ds.id
-    if dsid.get_create_plist().get_layout() != h5py.h5d.CONTIGUOUS:
-        return None
+    # Only a contiguous dataset with storage allocated in the file has an offset (not a
+    # chunked, compact, virtual or external one), and asking is cheaper than the layout.
     offset = dsid.get_offset()
-    nbytes = math.prod(ds.shape) * ds.dtype.itemsize
-    if offset is None or not nbytes or offset + nbytes > file_size:
+    if offset is None:
+        return None
+    nbytes = math.prod(dsid.shape) * dsid.dtype.itemsize
+    if not nbytes or offset + nbytes > file_size:
         return None
     return int(offset), int(nbytes)
 
