@@ -482,6 +482,33 @@ def test_exception_arrays_read_whole_or_by_rows_rebuild_alike(
     same_transitions(src, out)
 
 
+@pytest.mark.parametrize("track_order", [False, True])
+def test_copy_attrs_keeps_every_kind_of_attribute(tmp_path: Path, track_order: bool) -> None:
+    """Values, stored types (string padding, charset, byte order, enums, compounds, variable
+    lengths), dataspaces (scalar, arrays, empty) and h5py's order of attributes."""
+    with h5py.File(tmp_path / "a.h5", "w", track_order=track_order) as f:
+        src, dst = f.create_group("src"), f.create_group("dst")
+        a = src.attrs
+        a["z_int"], a["s"], a["arr"] = 3, "ünï", np.arange(5.0)
+        a["bytes"], a["empty"] = np.bytes_(b"xyz"), h5py.Empty("f4")
+        a["vlen_utf8"] = np.array(["a", "bb"], dtype=h5py.string_dtype())
+        a["vlen_ascii"] = np.array([b"a", b"bb"], dtype=h5py.string_dtype("ascii"))
+        a["bool"], a["bools"] = np.bool_(True), np.array([True, False])
+        a["compound"] = np.array([(1, 2.0)], dtype=[("a", "i4"), ("b", "f8")])
+        a["enum"] = np.array([0, 1], dtype=h5py.enum_dtype({"A": 0, "B": 1}, basetype="i1"))
+        a["vlen_int"] = np.array([np.arange(3), np.arange(2)], dtype=h5py.vlen_dtype("i4"))
+        a["big_endian"], a["2d"] = np.arange(3, dtype=">f8"), np.ones((2, 3), dtype="u2")
+        a.create("fixed", np.bytes_(b"abc"), dtype=h5py.string_dtype("ascii", 5))
+        a.create("fixed_utf8", "é".encode(), dtype=h5py.string_dtype("utf-8", 8))
+        hdf5_leaves.copy_attrs(src, dst)
+        assert list(dst.attrs) == list(src.attrs)
+        for name in src.attrs:
+            want, got = src.attrs.get_id(name), dst.attrs.get_id(name)
+            assert got.get_type().equal(want.get_type()), name
+            assert got.shape == want.shape, name
+            assert repr(dst.attrs[name]) == repr(src.attrs[name]), name
+
+
 @pytest.mark.parametrize("mode", ["r", "r+"])
 def test_the_walk_gives_what_h5py_visits(tmp_path: Path, mode: str) -> None:
     # objects_of makes the objects with h5py's low-level calls: the same names, kinds, objects

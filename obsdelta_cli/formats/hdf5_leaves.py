@@ -66,9 +66,22 @@ def read_rows(ds: h5py.Dataset, rows: Any, file: Path, what: str) -> np.ndarray:
 
 
 def copy_attrs(src: Any, dst: Any) -> None:
-    """Copy attributes with their exact stored types."""
-    for name in src.attrs:
-        dst.attrs.create(name, src.attrs[name], dtype=src.attrs.get_id(name).dtype)
+    """Copy attributes with their exact stored types and dataspaces, through HDF5's own calls:
+    h5py's ``attrs`` took about 100 µs an attribute (a Minari file has thousands)."""
+    names: list[bytes] = []
+    with phil:
+        # In h5py's order: by creation where the object tracks it, else by name.
+        tracked = src.id.get_create_plist().get_attr_creation_order() & h5py.h5p.CRT_ORDER_TRACKED
+        order = h5py.h5.INDEX_CRT_ORDER if tracked else h5py.h5.INDEX_NAME
+        h5py.h5a.iterate(src.id, names.append, index_type=order)
+        for name in names:
+            attr = h5py.h5a.open(src.id, name)
+            space = attr.get_space()
+            copy = h5py.h5a.create(dst.id, name, attr.get_type(), space)
+            if space.get_simple_extent_type() != h5py.h5s.NULL:  # an empty one has no value
+                value = np.empty(attr.shape, dtype=attr.dtype)
+                attr.read(value)
+                copy.write(value)
 
 
 def contiguous_span(ds: h5py.Dataset, file_size: int) -> tuple[int, int] | None:
