@@ -346,11 +346,11 @@ def _copied(out: h5py.File) -> dict[str, str]:
     return copies.digests
 
 
-def new_output(path: Path, libver: Any, **options: Any) -> h5py.File:
-    """A new HDF5 output file (``options`` for ``h5py.File``), registered so that a failed
-    write can close it safely; a failure to create it is one :class:`OutputError`."""
+def new_output(path: Path, libver: Any) -> h5py.File:
+    """A new HDF5 output file, registered so that a failed write can close it safely; a
+    failure to create it is one :class:`OutputError`."""
     try:
-        out = h5_file(path, "w", libver=libver, **options)
+        out = h5_file(path, "w", libver=libver)
         _OUTPUT_FDS[id(out)] = int(out.id.get_vfd_handle())
     except (OSError, ValueError) as exc:
         raise write_error(path, exc) from None

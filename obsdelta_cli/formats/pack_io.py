@@ -84,9 +84,6 @@ BLOCK_BYTES = 8 << 20
 #: its size (the 4.2 KB of a replay-buffer dump's, 1.2 KB): the dataset that holds it costs an
 #: object header of about 110 bytes, which compression gains back from a few hundred bytes on.
 PLAIN_MANIFEST_BYTES = 1 << 9
-#: HDF5 sets aside space for metadata in blocks of this size (2 KiB by default): in a packed
-#: file of a few dozen small datasets, the unused ends of those blocks came to 1.2 KB.
-META_BLOCK_BYTES = 512
 
 Reader = Callable[[int, int], np.ndarray]
 
@@ -206,7 +203,7 @@ def pack(
     """Write the packed file ``out`` from the opened compressed container ``inner``; return its
     size, or with ``chooser.sample``, the size predicted for the whole file. ``flat``: the
     datasets of an HDF5 inner's episodes as one dataset per key (:mod:`.pack_flat`)."""
-    with h5_output(out, LIBVER, meta_block_size=META_BLOCK_BYTES) as f:
+    with h5_output(out, LIBVER) as f:
         minimal_headers(f)
         if flat and isinstance(inner.handle, h5py.File):
             from .pack_flat import pack_flat  # it builds on this module
@@ -228,10 +225,10 @@ def pack(
 
 
 @contextmanager
-def h5_output(path: Path, libver: Any, **options: Any) -> Iterator[h5py.File]:
-    """A new HDF5 file (``options`` for ``h5py.File``), flushed and closed at the end; a failed
-    write is one :class:`OutputError`, and the file is left for the caller to delete."""
-    f = new_output(path, libver, **options)
+def h5_output(path: Path, libver: Any) -> Iterator[h5py.File]:
+    """A new HDF5 file, flushed and closed at the end; a failed write is one
+    :class:`OutputError`, and the file is left for the caller to delete."""
+    f = new_output(path, libver)
     with closed_on_failure(f, path):
         yield f
         finish_output(f)
