@@ -45,7 +45,12 @@ SAMPLES = {
 def source(request: pytest.FixtureRequest, tmp_path: Path, hopper: TensorDictBase) -> Path:
     """A real rollout in each input format --pack takes (copied: never written to): Hopper,
     and HalfCheetah [4, 250] as saved by torch.save."""
-    name = request.param
+    return input_in(request.param, tmp_path, hopper)
+
+
+def input_in(name: str, tmp_path: Path, hopper: TensorDictBase) -> Path:
+    """An input of format ``name`` in ``tmp_path``: written from ``hopper``, or a copy of the
+    sample of that format."""
     if name == "ted-hdf5":
         return write_ted_hdf5(hopper, tmp_path / "in")
     if name == "minari-hdf5":

@@ -30,23 +30,14 @@ from .conftest import SAMPLE, Cli
 from .manifests import manifest_of, rewrite_manifest
 from .realistic import write_robomimic_real
 from .test_cli_errors import expect_error
-from .test_pack import plain_h5py_reads, same_container, same_transitions
-from .writers import WRITERS, write_minari, write_ted_hdf5
-
-SAMPLES = {"d4rl-hdf5": "hopper_d4rl.hdf5", "robomimic-hdf5": "hopper_robomimic.hdf5"}
+from .test_pack import SAMPLES, input_in, plain_h5py_reads, same_container, same_transitions
+from .writers import WRITERS, write_minari
 
 
 @pytest.fixture(params=FLATTENABLE)
 def source(request: pytest.FixtureRequest, tmp_path: Path, hopper: TensorDictBase) -> Path:
     """A real Hopper rollout in each HDF5 layout ``--flat`` takes (copied: never written to)."""
-    name = request.param
-    if name == "ted-hdf5":
-        return write_ted_hdf5(hopper, tmp_path / "in")
-    if name == "minari-hdf5":
-        return write_minari(hopper, tmp_path / "in")
-    dst = tmp_path / SAMPLES[name]
-    shutil.copy2(SAMPLE / SAMPLES[name], dst)
-    return dst
+    return input_in(request.param, tmp_path, hopper)
 
 
 @pytest.fixture(autouse=True)

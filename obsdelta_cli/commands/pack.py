@@ -84,11 +84,11 @@ def _check_packable(input: Path, flat: bool = False) -> str:
     return name
 
 
-def flat_hint(input: Path) -> str:
-    """What ``--pack`` without ``--flat`` adds to what it says of ``input``: that ``--flat``
-    exists, for an HDF5 file of :data:`FLAT_HINT_EPISODES` episodes or more (counted from its
-    paths; nothing is measured)."""
-    if detect(input).name not in FLATTENABLE:
+def flat_hint(input: Path, format_name: str) -> str:
+    """What ``--pack`` without ``--flat`` adds to what it says of ``input`` (in format
+    ``format_name``): that ``--flat`` exists, for an HDF5 file of :data:`FLAT_HINT_EPISODES`
+    episodes or more (counted from its paths; nothing is measured)."""
+    if format_name not in FLATTENABLE:
         return ""
     with h5_file(input) as f:
         episodes = largest_family(f)
@@ -115,7 +115,7 @@ def compress_packed(
     from .compress import compress
 
     input, output = Path(input), Path(output)
-    _check_packable(input, flat)
+    name = _check_packable(input, flat)
     check_output(output, input, force=force)  # refuse early, before any work
     with atomic_output(output, source=input, force=force, replaceable=NAME) as tmp:
         work = _work_dir(output)
@@ -138,7 +138,8 @@ def compress_packed(
         if verify:
             verify_written(tmp, chunk_mb)
         writing.join()
-    note = (PACKED if result.keys else ONLY_FILTERED) + (FLAT_NOTE if flat else flat_hint(input))
+    note = PACKED if result.keys else ONLY_FILTERED
+    note += FLAT_NOTE if flat else flat_hint(input, name)
     return replace(result, output=str(output), bytes_after=disk_size(output), note=note)
 
 

@@ -111,7 +111,7 @@ def report(
             chunk_mb=chunk_mb, flat=flat,
         )  # fmt: skip
         note = "--pack: the size after is predicted from a sample of each key's chunks"
-        note += "" if flat else flat_hint(Path(input))
+        note += "" if flat else flat_hint(Path(input), fmt.name)
         return replace(result, bytes_after=predicted, note=note)
     return result
 

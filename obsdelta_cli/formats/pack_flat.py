@@ -78,9 +78,13 @@ def family_of(path: str, ds: Any) -> tuple[str, str, tuple[int, ...]]:
     >>> family_of("data/demo_12/obs/robot0_eef_pos", np.zeros((5, 3)))
     ('data/demo_#/obs/robot0_eef_pos', '<f8', (3,))
     """
+    return _blanked(path), ds.dtype.str, tuple(int(n) for n in ds.shape[1:])
+
+
+def _blanked(path: str) -> str:
+    """``path`` with the numbers of its groups' names (not its own name's) blanked."""
     *groups, name = path.split("/")
-    blanked = "/".join([*(re.sub(r"\d+", "#", g) for g in groups), name])
-    return blanked, ds.dtype.str, tuple(int(n) for n in ds.shape[1:])
+    return "/".join([*(re.sub(r"\d+", "#", g) for g in groups), name])
 
 
 def largest_family(f: h5py.File) -> int:
@@ -99,9 +103,9 @@ def largest_family(f: h5py.File) -> int:
     h5py.h5o.visit(f.id, names.append, info=False)
     counts: dict[str, int] = {}
     for raw in names:
-        *groups, name = raw.decode(errors="replace").split("/")
-        if groups:
-            blanked = "/".join([*(re.sub(r"\d+", "#", g) for g in groups), name])
+        path = raw.decode(errors="replace")
+        if "/" in path:  # an object in a group: one that could join a family
+            blanked = _blanked(path)
             counts[blanked] = counts.get(blanked, 0) + 1
     return max(counts.values(), default=1)
 
