@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import import_module
 from pathlib import Path
 from types import ModuleType
@@ -88,17 +88,44 @@ def run_job(job: Job) -> Outcome:
     try:
         result = command(job.command)(*args, **job.options)
     except ObsdeltaError as exc:
+        if exc.output is not None:
+            job = replace(job, output=exc.output)
         return Outcome(job, None, str(exc), exc.exit_code, time.perf_counter() - start)
     return Outcome(job, result, None, 0, time.perf_counter() - start)
 
 
-def outputs_for(inputs: Sequence[Path], output: Path | None, *, folder: bool) -> list[Path | None]:
-    """Where each input's output goes: ``output`` itself for one input, else ``output/<name>``."""
+#: What ``compress --pack`` adds to an input's name in a folder of outputs, where the input is
+#: not already named as an HDF5 file: a packed file is one, whatever it holds.
+PACKED_SUFFIX = ".h5"
+#: Names that say "HDF5 file".
+HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
+
+
+def packed_name(input: Path) -> str:
+    """The name of ``input``'s packed file in a folder of outputs: an HDF5 file by its name.
+
+    >>> packed_name(Path("runs/hopper_ted")), packed_name(Path("a.pt")), packed_name(Path("b.hdf5"))
+    ('hopper_ted.h5', 'a.pt.h5', 'b.hdf5')
+    """
+    if input.suffix.lower() in HDF5_SUFFIXES:
+        return input.name
+    return input.name + PACKED_SUFFIX
+
+
+def outputs_for(
+    inputs: Sequence[Path],
+    output: Path | None,
+    *,
+    folder: bool,
+    name: Callable[[Path], str] = lambda p: p.name,
+) -> list[Path | None]:
+    """Where each input's output goes: ``output`` itself for one input, else
+    ``output/<name(input)>`` (the input's own name by default)."""
     if output is None:
         return [None] * len(inputs)
     if not folder:
         return [output]
-    names = [p.name for p in inputs]
+    names = [name(p) for p in inputs]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise UsageError(

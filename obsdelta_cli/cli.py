@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from contextlib import closing
 from enum import Enum
 from pathlib import Path
@@ -23,7 +24,7 @@ from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
 from . import __version__, interrupts
-from .batch import Job, Outcome, outputs_for, run_all
+from .batch import Job, Outcome, outputs_for, packed_name, run_all
 from .errors import ObsdeltaError, UsageError
 from .names import AUTO, CODECS, DEFAULT_CHUNK_MB, DEFAULT_CODEC, H5_COMPRESSIONS
 from .plot import check_plotting, plot_report
@@ -244,6 +245,14 @@ def _interrupted(
     return line + "; no partial output was left"
 
 
+def _namer(command: str, options: dict[str, Any]) -> Callable[[Path], str]:
+    """How an input's output is named in a folder of outputs: after the input, a packed file
+    as an HDF5 file (``inflate`` of a packed file drops what that added again)."""
+    if command == "compress" and options.get("pack"):
+        return packed_name
+    return lambda p: p.name
+
+
 def _run(
     command: str,
     inputs: list[Path],
@@ -269,7 +278,9 @@ def _run(
             if len(inputs) != 1:
                 raise UsageError("--plot takes one input", hint="run report once per input")
             check_plotting(plot)
-        outputs = outputs_for(inputs, output, folder=folder)
+        outputs = outputs_for(inputs, output, folder=folder, name=_namer(command, options))
+        if folder and command == "inflate":
+            options = {**options, "named_after_input": True}
         if folder and output is not None and not output.exists():
             output.mkdir()
             made = output

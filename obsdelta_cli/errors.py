@@ -23,6 +23,9 @@ class ObsdeltaError(Exception):
     """Base class: a problem obsdelta can explain in one line."""
 
     exit_code: int = 1
+    #: Where the command's output was to go, when not where it was asked to (the original
+    #: container of a packed file, in a folder of inflated outputs).
+    output: Path | None = None
 
     def __init__(
         self,

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import h5py
 import pytest
 
 from obsdelta_cli import verify
@@ -51,6 +52,52 @@ def test_summary_table_for_people(cli: Cli, tmp_path: Path) -> None:
 def test_trailing_slash_means_a_folder(cli: Cli, tmp_path: Path) -> None:
     cli("compress", INPUTS[0], "-o", f"{tmp_path / 'dir'}/", "-q")
     assert (tmp_path / "dir" / "hopper_ted" / "obsdelta.json").is_file()
+
+
+def test_a_folder_of_packed_files_names_them_as_hdf5_and_inflate_names_them_back(
+    cli: Cli, tmp_path: Path
+) -> None:
+    packed, back = tmp_path / "packed", tmp_path / "back"
+    cli("compress", *INPUTS, "--pack", "-o", packed, "-q")
+    # A packed file is an HDF5 file whatever it holds: a .pt name would send users to torch.load.
+    assert sorted(p.name for p in packed.iterdir()) == [
+        "halfcheetah_ted.pt.h5",
+        "hopper_d4rl.hdf5",
+        "hopper_ted.h5",
+    ]
+    for name in ["halfcheetah_ted.pt.h5", "hopper_ted.h5"]:
+        with h5py.File(packed / name, "r"):
+            pass
+    made = cli("inflate", *sorted(packed.iterdir()), "-o", back, "--json").stdout
+    assert sorted(Path(line["output"]).name for line in _lines(made)) == sorted(
+        p.name for p in INPUTS
+    )
+    assert (back / "halfcheetah_ted.pt").read_bytes() == (
+        SAMPLE / "halfcheetah_ted.pt"
+    ).read_bytes()
+    for path in (SAMPLE / "hopper_ted").rglob("*"):
+        if path.is_file():
+            assert (back / "hopper_ted" / path.relative_to(SAMPLE / "hopper_ted")).read_bytes() == (
+                path.read_bytes()
+            )
+    assert (back / "hopper_d4rl.hdf5").is_file()
+    # One input names its output as given; a failure in a folder names the output it was to be.
+    cli("inflate", packed / "hopper_ted.h5", "-o", tmp_path / "one.h5", "-q")
+    assert (tmp_path / "one.h5" / "meta.json").is_file()
+    again = cli(
+        "inflate",
+        packed / "hopper_ted.h5",
+        packed / "hopper_d4rl.hdf5",
+        "-o",
+        back,
+        "--json",
+        code=1,
+    )
+    assert [line["output"] for line in _lines(again.stdout)] == [
+        str(back / "hopper_ted"),
+        str(back / "hopper_d4rl.hdf5"),
+    ]
+    assert f"{back / 'hopper_ted'}: output already exists" in again.stderr
 
 
 def test_colliding_names_are_a_usage_error(cli: Cli, tmp_path: Path) -> None:

@@ -57,5 +57,39 @@ def test_open_is_lazy_and_never_writes_through(tmp_path: Path, hopper: TensorDic
 def test_unknown_layout(tmp_path: Path) -> None:
     odd = tmp_path / "notes.txt"
     odd.write_text("hello")
-    with pytest.raises(InputError, match="no layout obsdelta reads; supported: packed-hdf5"):
+    with pytest.raises(InputError) as caught:
         detect(odd)
+    assert str(caught.value) == (
+        f"{odd}: file is in no layout obsdelta reads; it reads {', '.join(FORMATS)} "
+        "(README: Formats)"
+    )
+
+
+def test_a_folder_of_datasets_is_told_to_give_them_as_inputs(tmp_path: Path) -> None:
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("hello")
+    names = ["a_ted", "b_d4rl.hdf5", "c.pt", "d_rb", "e_robomimic.hdf5"]
+    for name, sample in zip(
+        names,
+        [
+            "hopper_ted",
+            "hopper_d4rl.hdf5",
+            "halfcheetah_ted.pt",
+            "hopper_rb",
+            "hopper_robomimic.hdf5",
+        ],
+        strict=True,
+    ):
+        (folder / name).symlink_to(SAMPLE / sample)
+    with pytest.raises(InputError) as caught:
+        detect(folder)
+    assert str(caught.value) == (
+        f"{folder}: directory holds datasets (a_ted, b_d4rl.hdf5, c.pt and 2 more) but is not "
+        "one; give each dataset as an input: a command takes several, and -o FOLDER/ gets one "
+        "output per input"
+    )
+    for name in names:
+        (folder / name).unlink()
+    with pytest.raises(InputError, match="directory is in no layout obsdelta reads"):
+        detect(folder)  # a folder of anything else is told what obsdelta reads

@@ -31,15 +31,20 @@ def inflate(
     *,
     force: bool = False,
     chunk_mb: float = DEFAULT_CHUNK_MB,
+    named_after_input: bool = False,
 ) -> DatasetResult:
     """Write ``output``: ``input`` with every next observation rebuilt in its dtype and order.
     Every byte read is checked against the manifest's hashes as it passes; on a mismatch
-    nothing is left behind."""
+    nothing is left behind. ``named_after_input``: ``output`` is the input's name in a folder
+    of outputs, so that of a packed file loses the ``.h5`` a folder of packed files gave it
+    (see :func:`..pack.inflate_packed`)."""
     input, output = Path(input), Path(output)
     if is_packed(input):
         from .pack import inflate_packed
 
-        return inflate_packed(input, output, force=force, chunk_mb=chunk_mb)
+        return inflate_packed(
+            input, output, force=force, chunk_mb=chunk_mb, named_after_input=named_after_input
+        )
     fmt, source = open_input(input)
     try:
         manifest = manifest_of(source)

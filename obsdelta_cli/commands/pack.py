@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import _dead, _remove, atomic_output, check_output, scratch_folder, write_back
-from ..errors import UsageError
-from ..formats import detect, disk_size
+from ..batch import PACKED_SUFFIX
+from ..errors import ObsdeltaError, UsageError
+from ..formats import FORMATS, detect, disk_size
+from ..formats.hdf5 import HDF5Format
 from ..formats.hdf5_leaves import h5_file
 from ..formats.pack_flat import largest_family
 from ..formats.pack_io import Chooser, pack, unpack
@@ -143,27 +145,60 @@ def compress_packed(
     return replace(result, output=str(output), bytes_after=disk_size(output), note=note)
 
 
+def unpacked_name(name: str, container: str | None) -> str:
+    """The name of the original container unpacked from the packed file ``name``, in a folder
+    of outputs: the ``.h5`` a folder of packed files added to a name (see
+    :func:`..batch.packed_name`) goes again, unless the original is an HDF5 file.
+
+    >>> unpacked_name("hopper_ted.h5", "ted-memmap"), unpacked_name("a.pt.h5", "ted-pt")
+    ('hopper_ted', 'a.pt')
+    >>> unpacked_name("hopper.h5", "d4rl-hdf5"), unpacked_name("b.hdf5", "ted-memmap")
+    ('hopper.h5', 'b.hdf5')
+    """
+    original = FORMATS.get(container or "")
+    hdf5 = original is not None and issubclass(original, HDF5Format)
+    if hdf5 or not name.endswith(PACKED_SUFFIX) or name == PACKED_SUFFIX:
+        return name
+    return name.removesuffix(PACKED_SUFFIX)
+
+
 def inflate_packed(
-    input: Path, output: Path, *, force: bool = False, chunk_mb: float = DEFAULT_CHUNK_MB
+    input: Path,
+    output: Path,
+    *,
+    force: bool = False,
+    chunk_mb: float = DEFAULT_CHUNK_MB,
+    named_after_input: bool = False,
 ) -> DatasetResult:
-    """``inflate`` a packed file: the original container, in its own format, at ``output``."""
+    """``inflate`` a packed file: the original container, in its own format, at ``output``
+    (with ``named_after_input``, at its :func:`unpacked_name` beside ``output``)."""
     from .inflate import inflate
 
     input, output = Path(input), Path(output)
-    check_output(output, input, force=force)
     fmt, source = open_input(input)
-    work = _work_dir(output)
+    opened = True
     try:
+        manifest = manifest_of(source)
+        if named_after_input:
+            output = output.with_name(unpacked_name(output.name, manifest.source_container))
+        check_output(output, input, force=force)
+        work = _work_dir(output)
         try:
             inner = work / "inner"
-            unpack(source, manifest_of(source), inner)
-        finally:
+            unpack(source, manifest, inner)
+            opened = False
             fmt.close(source)
-        # The inner container's own checks (every leaf, raw chunk, file and attribute as
-        # recorded at compress time) run as it is inflated.
-        result = inflate(inner, output, force=force, chunk_mb=chunk_mb)
+            # The inner container's own checks (every leaf, raw chunk, file and attribute as
+            # recorded at compress time) run as it is inflated.
+            result = inflate(inner, output, force=force, chunk_mb=chunk_mb)
+        finally:
+            _remove(work)
+    except ObsdeltaError as exc:
+        exc.output = output  # the batch reports where it was to go
+        raise
     finally:
-        _remove(work)
+        if opened:
+            fmt.close(source)
     return replace(result, input=str(input), bytes_before=disk_size(input), format=NAME)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import InputError
+from ..errors import InputError, ObsdeltaError
 from .base import (
     ArrayStore,
     Format,
@@ -56,13 +56,41 @@ def detect(path: Path) -> Format:
     if is_hdf5(path):
         open_h5(path).close()  # a damaged file says so precisely
         kind = "HDF5 file"
+    elif path.is_dir():
+        held = _datasets_in(path)
+        if held:
+            shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+            raise InputError(
+                f"directory holds datasets ({shown}) but is not one",
+                file=path,
+                hint="give each dataset as an input: a command takes several, and -o FOLDER/ "
+                "gets one output per input",
+            )
+        kind = "directory"
     else:
-        kind = "directory" if path.is_dir() else "file"
+        kind = "file"
     raise InputError(
         f"{kind} is in no layout obsdelta reads",
         file=path,
-        hint=f"supported: {', '.join(f'{n} ({c.summary})' for n, c in FORMATS.items())}",
+        hint=f"it reads {', '.join(FORMATS)} (README: Formats)",
     )
+
+
+#: Entries of a directory looked at to tell a folder of datasets from anything else.
+LOOKED_AT = 64
+
+
+def _datasets_in(folder: Path) -> list[str]:
+    """Names of the datasets among the first :data:`LOOKED_AT` entries of ``folder`` (by
+    name), for the error that a folder of datasets is not one."""
+    found = []
+    for entry in sorted(folder.iterdir())[:LOOKED_AT]:
+        try:
+            if any(cls.sniff(entry) for cls in FORMATS.values()):
+                found.append(entry.name)
+        except (ObsdeltaError, OSError):  # unreadable or damaged: not counted
+            continue
+    return found
 
 
 __all__ = [
