@@ -128,7 +128,7 @@ def test_many_short_episodes_pack_smaller_flat(tmp_path: Path) -> None:
     with h5py.File(src) as f:
         demos = len(f["data"])
     with h5py.File(tmp_path / "flat.h5") as f:
-        members = {m for fam in (read_meta(f, src) or {})["pack"]["flat"] for m in fam["members"]}
+        members = {m for fam in manifest_of(f)["pack"]["flat"] for m in fam["members"]}
     assert len(members) >= 8 * demos  # actions, rewards, dones, states, obs/* of each demo
 
 

@@ -174,6 +174,8 @@ class Sink:
     extra: dict[str, Any] = field(default_factory=dict)
     #: Where the output is being written.
     path: Path | None = None
+    #: What the adapter notes for ``finish`` (not stored).
+    memo: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

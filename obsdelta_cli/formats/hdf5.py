@@ -47,7 +47,7 @@ from .hdf5_leaves import (
 )
 from .hdf5_meta import read_meta, write_meta
 from .hdf5_objects import hash_objects, hash_objects_apart, header_bytes
-from .hdf5_safety import check_contained, damaged_file
+from .hdf5_safety import check_contained, damaged_file, written_here
 
 hdf5plugin: Any
 try:  # registers Zstd, Blosc, LZ4, ... filters for reading and writing, when installed
@@ -275,7 +275,17 @@ class HDF5Format(Format):
             if key_str(key) in passed:
                 leaves[key], state = passed[key_str(key)]
                 hashers[key] = Hasher(state=state)
-        return Sink(leaves, arrays, copied=True, handle=out, extra=extra, streamed=hashers)
+        # An input opened without a chunk cache holds scale-offset datasets, and so will this.
+        uncached = src.id.get_access_plist().get_cache()[2] == 0
+        return Sink(
+            leaves,
+            arrays,
+            copied=True,
+            handle=out,
+            extra=extra,
+            streamed=hashers,
+            memo={"uncached": uncached},
+        )
 
     def _new_dataset(
         self,
@@ -328,6 +338,8 @@ class HDF5Format(Format):
             if meta is not None:
                 write_meta(out, meta)
             finish_output(out)
+        # What it holds was copied from the checked input, scale-offset datasets included.
+        written_here(path, sink.memo["uncached"])
 
 
 #: The file descriptor of each output being written, by ``id`` of its h5py file.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,11 @@ def _meta_text(f: h5py.File) -> tuple[str, str] | None:
 
 #: Why the metadata of a file could not be read.
 _UNREADABLE: dict[Stamp, str] = {}
+#: The root attribute of the files read last, as :func:`_meta_text` gives it: detection, opening
+#: and checking a file each read it, in a child process that costs a fork.
+_READ: OrderedDict[Stamp, tuple[str, str] | None] = OrderedDict()
+#: How many files :data:`_READ` remembers.
+READ_KEPT = 8
 
 
 def read_meta(f: h5py.File, file: Path) -> dict[str, Any] | None:
@@ -68,15 +74,22 @@ def read_meta(f: h5py.File, file: Path) -> dict[str, Any] | None:
     process (:mod:`.apart`), within :data:`META_SECONDS`: a damaged attribute can crash HDF5,
     and in files written before it became a fixed-length string, it is kept in a heap that,
     damaged, made HDF5 read it forever."""
-    stamp = file_stamp(file)
+    stamp = file_stamp(Path(f.filename))
     why = _UNREADABLE.get(stamp) if stamp is not None else None
-    if why is None:
+    if why is None and stamp is not None and stamp in _READ:
+        found = _READ[stamp]
+    elif why is None:
         try:
             found = apart(lambda: _meta_text(f), timeout=META_SECONDS)
         except ValueError as exc:
             why = str(exc)
             if stamp is not None:  # detection and opening ask again: they are told at once
                 _UNREADABLE[stamp] = why
+        else:
+            if stamp is not None:
+                _READ[stamp] = found
+                while len(_READ) > READ_KEPT:
+                    _READ.popitem(last=False)
     if why is not None:
         raise InputError(
             f"cannot read the obsdelta metadata ({why})", file=file, hint="the file is damaged"

@@ -86,6 +86,17 @@ VirtualMap = tuple[Box | None, str, str, Box | None]
 Allowed = Callable[[str, tuple[int, ...]], list[VirtualMap] | None]
 
 
+def written_here(path: Path, uncached: bool) -> None:
+    """Record that the HDF5 file at ``path``, as it is now, was just written by this process
+    from inputs :func:`check_contained` passed, with no virtual dataset, and whether it holds
+    scale-offset datasets: reading it back (``compress --pack`` reads its inner container,
+    ``compress`` verifies its output) need not walk it again in a child. A file changed since
+    has another :data:`Stamp` and is walked as any other."""
+    stamp = file_stamp(path)
+    if stamp is not None:
+        _CONTAINED[stamp] = uncached
+
+
 def check_contained(f: h5py.File, path: Path, virtual: Allowed | None = None) -> bool:
     """Refuse a file that points outside itself, before anything follows the pointer; return
     whether it holds datasets to read without a chunk cache (:func:`scale_offset`).
