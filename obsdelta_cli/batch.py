@@ -21,13 +21,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
 
-from . import interrupts
+from . import arrays, interrupts
 from .atomic import clean_after_killed, release_locks
 from .errors import ObsdeltaError, OutputError, UsageError
 from .report import DatasetResult
 
-#: The module with the command implementations, imported on first use (it imports torch): the
-#: one place the command line names it.
+#: The module with the command implementations, imported on first use (numpy and h5py; torch
+#: only where a format or codec needs it): the one place the command line names it.
 IMPLEMENTATION = "obsdelta_cli.commands"
 COMMANDS = ("compress", "inflate", "report", "verify")
 
@@ -41,7 +41,7 @@ def command(name: str) -> Callable[..., DatasetResult]:
 
 
 def import_heavy(name: str) -> ModuleType:
-    """Import ``name`` (torch, or a module that imports it) as start-up should.
+    """Import ``name`` (torch, or obsdelta's commands) as start-up should.
 
     Signals are held back, as torch's start-up must not be cut (see interrupts.deferred). The
     collector is paused: the import makes hundreds of thousands of objects and frees almost
@@ -145,9 +145,9 @@ def _init_worker(threads: int) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by _spawn
     signal.signal(signal.SIGTERM, _worker_sigterm)
     interrupts.quiet_in_finalizers()
-    torch = import_heavy("torch")
-    # Workers share the cores: one pool of threads each would oversubscribe them.
-    torch.set_num_threads(threads)
+    # Workers share the cores: one pool of torch threads each (where a codec imports torch for
+    # its casts) would oversubscribe them.
+    arrays.torch_threads = threads
 
 
 def _worker_sigterm(signum: int, frame: object) -> None:

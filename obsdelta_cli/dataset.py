@@ -9,6 +9,9 @@ layout, with ``("next", k)`` rebuilt on the fly exactly as ``inflate`` would (bi
 With a ``DataLoader``, pass ``collate_fn=collate``: each batch is then read in one go (through
 ``__getitems__``) and comes out as one TensorDict.
 
+Rows are read and rebuilt as numpy arrays, one gather per leaf, and become tensors sharing
+their memory only as the batch's TensorDict is made.
+
 >>> from pathlib import Path
 >>> from torch.utils.data import DataLoader
 >>> sample = Path(__file__).parents[1] / "sample_data" / "hopper_d4rl.hdf5"
@@ -28,18 +31,20 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from .arrays import from_torch, is_tensor, to_torch
 from .commands.common import manifest_of, open_input, stream_for
 from .formats import Key, Source
 from .formats.leaf import as_rows, is_data
-from .rebuild import StoredPair, searchsorted, stored_pairs, take
+from .rebuild import StoredPair, stored_pairs, take
 
 if TYPE_CHECKING:  # tensordict costs seconds to import; HDF5 work never needs it
     from tensordict import TensorDictBase
 
-Reader = Callable[[torch.Tensor], torch.Tensor]
+Reader = Callable[[np.ndarray], np.ndarray]
 #: Chunk cache of a packed file, per dataset (decoded chunks of frame-delta datasets included).
 DEFAULT_CACHE_MB = 256
 
@@ -84,7 +89,7 @@ class ObsdeltaDataset(Dataset):
         # A packed file is read as the container it was packed from.
         layout = manifest.source_container if manifest and manifest.source_container else None
         self._segments = self._build(source, stored, layout or fmt.name)
-        self._offsets = torch.tensor([0, *[s.rows for s in self._segments]]).cumsum(0)
+        self._offsets = np.array([0, *[s.rows for s in self._segments]], dtype=np.int64).cumsum()
 
     def _build(self, source: Source, stored: list[StoredPair], fmt: str) -> list[_Segment]:
         rebuilt = {s.pair.next_key: s for s in stored}
@@ -139,27 +144,30 @@ class ObsdeltaDataset(Dataset):
     def __len__(self) -> int:
         return int(self._offsets[-1])
 
-    def __getitem__(self, item: int | slice | torch.Tensor | list[int]) -> TensorDictBase:
+    def __getitem__(
+        self, item: int | slice | torch.Tensor | np.ndarray | list[int]
+    ) -> TensorDictBase:
         if isinstance(item, int):
-            return self[torch.tensor([item])][0]
+            return self.read(np.array([item], dtype=np.int64))[0]
         if isinstance(item, slice):
-            idx = torch.arange(len(self))[item]
-        else:
-            idx = torch.as_tensor(item, dtype=torch.long).reshape(-1)
-        return self.read(idx)
+            return self.read(np.arange(len(self), dtype=np.int64)[item])
+        return self.read(item)
 
     def keys(self) -> list[Key]:
         """Every leaf an item has, as tuples (``("next", "observation")``)."""
         return list(dict.fromkeys(k for seg in self._segments for k in seg.readers))
 
-    def read(self, idx: torch.Tensor, keys: Iterable[Key] | None = None) -> TensorDictBase:
-        """Rows ``idx`` (a 1-D index tensor) of the leaves ``keys`` only (all by default): a
-        sampler that needs the done flags reads them without the observations."""
-        # A new tensor object per call, even for the caller's own: rebuilds keep the rows of
-        # the last index tensor they gathered, by identity (see Rebuild.observations).
-        idx = idx.view(-1)
-        if idx.numel():
-            low, high = (int(v) for v in torch.aminmax(idx))
+    def read(
+        self, idx: torch.Tensor | np.ndarray | list[int], keys: Iterable[Key] | None = None
+    ) -> TensorDictBase:
+        """Rows ``idx`` (row numbers: a 1-D tensor, array or list) of the leaves ``keys`` only
+        (all by default): a sampler that needs the done flags reads them without the
+        observations."""
+        # A new array object per call, even for the caller's own: rebuilds keep the rows of
+        # the last index array they gathered, by identity (see Rebuild.observations).
+        idx = _index_array(idx)
+        if idx.size:
+            low, high = int(idx.min()), int(idx.max())
             if low < -len(self) or high >= len(self):
                 raise IndexError(f"index out of range for {len(self)} transitions")
             if low < 0:
@@ -168,12 +176,12 @@ class ObsdeltaDataset(Dataset):
             # A DataLoader worker forked after the file was opened: HDF5 is not fork-safe.
             self.__init__(self.path, self.cache_mb)  # type: ignore[misc]
         wanted = None if keys is None else set(keys)
-        parts: dict[Key, torch.Tensor] = {}
+        parts: dict[Key, np.ndarray] = {}
         if len(self._segments) == 1:  # one geometry (TED, D4RL): no scatter needed
             readers = self._segments[0].readers.items()
             parts = {key: read(idx) for key, read in readers if wanted is None or key in wanted}
-            return _tensordict(parts, idx.numel())
-        segment = searchsorted(self._offsets, idx, right=True) - 1
+            return _tensordict(parts, idx.size)
+        segment = np.searchsorted(self._offsets, idx, side="right") - 1
         for i, seg in enumerate(self._segments):
             mask = segment == i
             if not bool(mask.any()):
@@ -184,13 +192,13 @@ class ObsdeltaDataset(Dataset):
                     continue
                 values = read(local)
                 if key not in parts:
-                    parts[key] = torch.empty((idx.numel(), *values.shape[1:]), dtype=values.dtype)
+                    parts[key] = np.empty((idx.size, *values.shape[1:]), dtype=values.dtype)
                 parts[key][mask] = values
-        return _tensordict(parts, idx.numel())
+        return _tensordict(parts, idx.size)
 
     def __getitems__(self, indices: list[int]) -> TensorDictBase:
         # DataLoader hands a whole batch of indices here: one vectorised read per batch.
-        return self[torch.as_tensor(indices, dtype=torch.long)]
+        return self.read(np.asarray(indices, dtype=np.int64))
 
     def close(self) -> None:
         """Release open files (HDF5)."""
@@ -204,17 +212,27 @@ class ObsdeltaDataset(Dataset):
         self.__init__(state["path"], state["cache_mb"])  # type: ignore[misc]
 
 
-def _tensordict(parts: dict[Key, torch.Tensor], rows: int) -> TensorDictBase:
-    """The nested TensorDict of one batch. Every value was read here with ``rows`` rows, so
-    tensordict's checks are skipped where it offers that (a third of a batch's time)."""
+def _index_array(idx: Any) -> np.ndarray:
+    """Row numbers (a tensor, array or list) as a new 1-D int64 array object (sharing the
+    memory of an int64 tensor or array)."""
+    if is_tensor(idx):
+        idx = from_torch(idx.cpu())
+    return np.asarray(idx).astype(np.int64, copy=False).reshape(-1)
+
+
+def _tensordict(parts: dict[Key, np.ndarray], rows: int) -> TensorDictBase:
+    """The nested TensorDict of one batch, its values tensors sharing the arrays' memory.
+    Every value was read here with ``rows`` rows, so tensordict's checks are skipped where it
+    offers that (a third of a batch's time)."""
     from tensordict import TensorDict
 
+    tensors = {key: to_torch(value) for key, value in parts.items()}
     unchecked = getattr(TensorDict, "_new_unsafe", None)
     if unchecked is None:
-        return TensorDict(dict(parts), batch_size=[rows])
+        return TensorDict(tensors, batch_size=[rows])
     batch = torch.Size([rows])
     tree: dict[str, Any] = {}
-    for key, value in parts.items():
+    for key, value in tensors.items():
         node = tree
         for name in key[:-1]:
             node = node.setdefault(name, {})
@@ -263,14 +281,14 @@ def _minari_segments(leaves: dict[Key, Any]) -> list[_Segment]:
 
 
 def _shifted(rows: Any) -> Reader:
-    def read(idx: torch.Tensor) -> torch.Tensor:
+    def read(idx: np.ndarray) -> np.ndarray:
         return take(rows, idx + 1)
 
     return read
 
 
 def _reader(rows: Any) -> Reader:
-    def read(idx: torch.Tensor) -> torch.Tensor:
+    def read(idx: np.ndarray) -> np.ndarray:
         return take(rows, idx)
 
     return read
@@ -304,7 +322,7 @@ def _done(readers: dict[Key, Reader]) -> Reader:
     """``done = terminated | truncated``, for layouts (D4RL) that store only the two flags."""
     term, trunc = readers[("next", "terminated")], readers.get(("next", "truncated"))
 
-    def read(idx: torch.Tensor) -> torch.Tensor:
+    def read(idx: np.ndarray) -> np.ndarray:
         flags = term(idx)
         return flags | trunc(idx) if trunc is not None else flags
 

@@ -46,7 +46,7 @@ HASH_ALGORITHMS = ("crc32", HASH_ALGORITHM)
 #: Names of the per-key hashes: original next observations, what the rebuild gives, the stored
 #: leaf, and the exception index and rows.
 HASH_NAMES = ("next", "rebuilt", "stored", "index", "rows")
-#: dtypes a stored leaf or a source may have (torch names).
+#: dtypes a stored leaf or a source may have (the names torch and numpy share).
 DTYPES = frozenset(
     {
         "bool",

@@ -7,14 +7,14 @@ replay buffer's ``len`` come back as their own observation. ``inflate``, ``verif
 and ``open_dataset`` all rebuild through :class:`Rebuild`, and ``compress`` judges every row on
 what :func:`decode` gives, so a reported error is the error of what users get back.
 
->>> import torch
+>>> import numpy as np
 >>> from obsdelta_cli.codecs import make_codec
 >>> from obsdelta_cli.stream import Geometry
->>> obs = torch.tensor([[0.0], [1.0], [2.0], [9.0]])
+>>> obs = np.array([[0.0], [1.0], [2.0], [9.0]], dtype=np.float32)
 >>> g = Geometry.of([4], time_dim=0, valid_rows=None)
->>> exc = Exceptions(torch.tensor([3]), torch.tensor([[7.0]]))
->>> r = Rebuild(make_codec("exact"), torch.float32, obs, None, g, exc)
->>> r.rows(slice(0, 4)).flatten().tolist(), r.take(torch.tensor([3, 0])).flatten().tolist()
+>>> exc = Exceptions(np.array([3]), np.array([[7.0]], dtype=np.float32))
+>>> r = Rebuild(make_codec("exact"), np.dtype(np.float32), obs, None, g, exc)
+>>> r.rows(slice(0, 4)).flatten().tolist(), r.take(np.array([3, 0])).flatten().tolist()
 ([1.0, 2.0, 9.0, 7.0], [7.0, 1.0])
 """
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
-import torch
 
+from .arrays import dtype_name, dtype_of
 from .codecs import Codec, codec_from_config
 from .errors import InputError
 from .formats import Pair, Source, key_str
@@ -37,11 +37,11 @@ from .stream import Geometry, Stream, window
 
 def decode(
     codec: Codec,
-    obs: torch.Tensor,
-    stored: torch.Tensor | None,
-    successor: torch.Tensor | None,
-    dtype: torch.dtype,
-) -> torch.Tensor:
+    obs: np.ndarray,
+    stored: np.ndarray | None,
+    successor: np.ndarray | None,
+    dtype: np.dtype,
+) -> np.ndarray:
     """A chunk's next observations as the codec rebuilds them, before exceptions are patched."""
     return codec.decode(obs, stored, successor, dtype)
 
@@ -50,68 +50,59 @@ def decode(
 class Exceptions:
     """Rows stored in full precision: their sorted row numbers (in memory) and values (lazy)."""
 
-    index: torch.Tensor
+    index: np.ndarray
     #: The shared rows array; this pair's rows start at ``offset``.
     values: Any
     offset: int = 0
 
-    def rows(self) -> torch.Tensor:
+    def rows(self) -> np.ndarray:
         """This pair's exception rows, all of them."""
-        return torch.as_tensor(self.values[self.offset : self.offset + self.index.numel()])
+        return np.asarray(self.values[self.offset : self.offset + self.index.size])
 
-    def patch_slice(self, rebuilt: torch.Tensor, sl: slice) -> None:
-        lo, hi = searchsorted(self.index, torch.tensor([sl.start, sl.stop])).tolist()
+    def patch_slice(self, rebuilt: np.ndarray, sl: slice) -> None:
+        lo, hi = np.searchsorted(self.index, [sl.start, sl.stop]).tolist()
         if hi > lo:
             rebuilt[self.index[lo:hi] - sl.start] = self.values[self.offset + lo : self.offset + hi]
 
     def patch_rows(
-        self, rebuilt: torch.Tensor, idx: torch.Tensor, members: torch.Tensor | None = None
+        self, rebuilt: np.ndarray, idx: np.ndarray, members: np.ndarray | None = None
     ) -> None:
         """Patch the exception rows among ``idx`` into ``rebuilt``. ``members`` (see
         :meth:`bitmap`) finds them without a binary search of every index."""
         if members is not None:
-            hit = ((members[idx >> 3] >> (idx & 7).to(torch.uint8)) & 1).bool()
+            hit = ((members[idx >> 3] >> (idx & 7).astype(np.uint8)) & 1).astype(bool)
             if bool(hit.any()):
-                pos = searchsorted(self.index, idx[hit])
+                pos = np.searchsorted(self.index, idx[hit])
                 rebuilt[hit] = take(self.values, pos + self.offset)
             return
-        pos = searchsorted(self.index, idx).clamp_(max=self.index.numel() - 1)
+        pos = np.minimum(np.searchsorted(self.index, idx), self.index.size - 1)
         hit = self.index[pos] == idx
         if bool(hit.any()):
             rebuilt[hit] = take(self.values, pos[hit] + self.offset)
 
-    def bitmap(self, rows: int) -> torch.Tensor:
+    def bitmap(self, rows: int) -> np.ndarray:
         """One bit per row of ``rows``, set for the exception rows (``rows / 8`` bytes)."""
         bits = np.zeros(rows, dtype=bool)
-        bits[self.index.numpy()] = True
-        return torch.from_numpy(np.packbits(bits, bitorder="little"))
+        bits[self.index] = True
+        return np.packbits(bits, bitorder="little")
 
 
-def searchsorted(sorted_values: torch.Tensor, values: torch.Tensor, right: bool = False) -> Any:
-    """``torch.searchsorted`` through numpy: torch starts a parallel region for it, which costs
-    milliseconds a call with two threads here (training reads call it on every batch)."""
-    found = np.searchsorted(
-        sorted_values.numpy(), values.numpy(), side="right" if right else "left"
-    )
-    return torch.from_numpy(np.asarray(found))
-
-
-def take(rows: Any, idx: torch.Tensor) -> torch.Tensor:
+def take(rows: Any, idx: np.ndarray) -> np.ndarray:
     """Rows ``idx`` of a flat leaf; a lazy leaf is read in sorted runs, each run once."""
     if not isinstance(rows, FlatRows):
         return rows[idx]
-    if idx.numel() == 0:
-        return torch.empty((0, *rows.shape[1:]), dtype=rows.dtype)
+    if idx.size == 0:
+        return np.empty((0, *rows.shape[1:]), dtype=rows.dtype)
     gathered = rows.gather(idx)
     if gathered is not None:
         return gathered
-    order = torch.argsort(idx)
+    order = np.argsort(idx, kind="stable")
     sorted_idx = idx[order]
-    out = torch.empty((idx.numel(), *rows.shape[1:]), dtype=rows.dtype)
+    out = np.empty((idx.size, *rows.shape[1:]), dtype=rows.dtype)
     # Runs of nearby rows are read as one slice: fewer, larger reads of the HDF5 chunks.
-    breaks = (torch.diff(sorted_idx) > 64).nonzero().flatten() + 1
+    breaks = np.flatnonzero(np.diff(sorted_idx) > 64) + 1
     starts = [0, *breaks.tolist()]
-    ends = [*breaks.tolist(), idx.numel()]
+    ends = [*breaks.tolist(), idx.size]
     for a, b in zip(starts, ends, strict=True):
         lo, hi = int(sorted_idx[a]), int(sorted_idx[b - 1]) + 1
         block = rows[lo:hi]
@@ -126,9 +117,9 @@ BITMAP_ROWS = 1 << 28
 class RowParts(NamedTuple):
     """Rebuilt rows and what they were rebuilt from."""
 
-    rebuilt: torch.Tensor
-    obs: torch.Tensor
-    stored: torch.Tensor | None
+    rebuilt: np.ndarray
+    obs: np.ndarray
+    stored: np.ndarray | None
 
 
 class Rebuild:
@@ -137,7 +128,7 @@ class Rebuild:
     def __init__(
         self,
         codec: Codec,
-        dtype: torch.dtype,
+        dtype: np.dtype,
         obs: Any,
         delta: Any,
         geometry: Geometry,
@@ -149,10 +140,10 @@ class Rebuild:
         self.delta = delta
         self.geometry = geometry
         self.exceptions = exceptions
-        self._memo: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._bitmap: torch.Tensor | bool | None = None
+        self._memo: tuple[np.ndarray, np.ndarray] | None = None
+        self._bitmap: np.ndarray | bool | None = None
 
-    def rows(self, sl: slice) -> torch.Tensor:
+    def rows(self, sl: slice) -> np.ndarray:
         """Rows ``sl`` (contiguous), reading the observations once with a one-row overlap."""
         return self.parts(sl).rebuilt
 
@@ -163,11 +154,11 @@ class Rebuild:
         valid = self.geometry.valid
         if sl.start >= valid:  # past a replay buffer's len: not data, next = obs
             obs = self.obs[sl]
-            return RowParts(obs.clone(), obs, None)
+            return RowParts(obs.copy(), obs, None)
         if sl.stop > valid:
             head, tail = self.parts(slice(sl.start, valid)), self.obs[valid : sl.stop]
             return RowParts(
-                torch.cat([head.rebuilt, tail]), torch.cat([head.obs, tail]), head.stored
+                np.concatenate([head.rebuilt, tail]), np.concatenate([head.obs, tail]), head.stored
             )
         if self.codec.uses_successor:
             obs, successor = window(self.obs, sl, self.geometry)
@@ -179,17 +170,17 @@ class Rebuild:
             self.exceptions.patch_slice(rebuilt, sl)
         return RowParts(rebuilt, obs, stored)
 
-    def _members(self) -> torch.Tensor | None:
+    def _members(self) -> np.ndarray | None:
         """The exception rows as a bitmap, for random access; ``None`` past
         :data:`BITMAP_ROWS` rows (its bytes would then count)."""
         if self._bitmap is None and self.exceptions is not None:
             rows = self.geometry.total
             self._bitmap = self.exceptions.bitmap(rows) if rows <= BITMAP_ROWS else False
-        return self._bitmap if isinstance(self._bitmap, torch.Tensor) else None
+        return self._bitmap if isinstance(self._bitmap, np.ndarray) else None
 
-    def observations(self, idx: torch.Tensor) -> torch.Tensor:
+    def observations(self, idx: np.ndarray) -> np.ndarray:
         """Rows ``idx`` of the observations. The gather is kept for a second call with the same
-        index tensor: a dataset reads the observations and the next ones of one batch, and
+        index array: a dataset reads the observations and the next ones of one batch, and
         gathers the rows once. Callers must not change the result in place."""
         memo = self._memo
         if memo is not None and memo[0] is idx:
@@ -198,18 +189,18 @@ class Rebuild:
         self._memo = (idx, rows)
         return rows
 
-    def take(self, idx: torch.Tensor) -> torch.Tensor:
+    def take(self, idx: np.ndarray) -> np.ndarray:
         """Rows ``idx`` (any order), one gather per leaf."""
         g = self.geometry
         obs = self.observations(idx)
         successor = None
         if self.codec.uses_successor:
             # A row without a successor gets its own observation, as in the rule.
-            successor = take(self.obs, torch.where(g.has_successor(idx), idx + g.step, idx))
+            successor = take(self.obs, np.where(g.has_successor(idx), idx + g.step, idx))
         stored = None if self.delta is None else take(self.delta, idx)
         rebuilt = decode(self.codec, obs, stored, successor, self.dtype)
         if rebuilt is obs:
-            rebuilt = obs.clone()  # the caller may change what it is given
+            rebuilt = obs.copy()  # the caller may change what it is given
         if self.exceptions is not None:
             self.exceptions.patch_rows(rebuilt, idx, self._members())
         if g.valid < g.total:
@@ -226,7 +217,7 @@ class StoredPair:
     record: KeyRecord
     pair: Pair
     codec: Codec
-    dtype: torch.dtype
+    dtype: np.dtype
 
     def rebuild(self, source: Source, stream: Stream) -> Rebuild:
         """The pair's :class:`Rebuild`, after checking its leaves and arrays against the record."""
@@ -251,9 +242,9 @@ class StoredPair:
         if source.arrays is None or r.arrays is None:
             raise _damaged(source, r, "exception rows are missing")
         n, at = r.exception_rows, r.arrays.offset
-        shared = source.arrays.get(r.arrays.index, torch.int64, (self.array_rows,))
-        index = torch.as_tensor(shared[at : at + n])
-        ordered = index.numel() < 2 or bool((index[1:] > index[:-1]).all())
+        shared = source.arrays.get(r.arrays.index, INT64, (self.array_rows,))
+        index = np.asarray(shared[at : at + n])
+        ordered = index.size < 2 or bool((index[1:] > index[:-1]).all())
         if not ordered or int(index[0]) < 0 or int(index[-1]) >= geometry.valid:
             raise _damaged(source, r, "exception row index is not increasing inside the rows")
         values = source.arrays.get(r.arrays.rows, self.dtype, (self.array_rows, *obs.shape[1:]))
@@ -269,10 +260,7 @@ def _damaged(source: Source, record: KeyRecord, what: str) -> InputError:
     )
 
 
-def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name)
-    assert isinstance(dtype, torch.dtype)  # the manifest admits known dtype names only
-    return dtype
+INT64 = np.dtype(np.int64)
 
 
 def stored_pairs(source: Source, manifest: Manifest) -> list[StoredPair]:
@@ -292,7 +280,7 @@ def stored_pairs(source: Source, manifest: Manifest) -> list[StoredPair]:
         obs: Any = source.leaves.get(r.obs_key)
         if not is_data(obs):
             raise _damaged(source, r, f"leaf {key_str(r.obs_key)} named in the metadata is missing")
-        dtype = _dtype(r.source_dtype)
+        dtype = dtype_of(r.source_dtype)  # the manifest admits known dtype names only
         if obs.dtype != dtype or len(obs.shape) < manifest.batch_dims:
             raise _damaged(source, r, f"leaf {key_str(r.obs_key)} does not match the metadata")
         rows = math.prod(obs.shape[: manifest.batch_dims])
@@ -300,7 +288,7 @@ def stored_pairs(source: Source, manifest: Manifest) -> list[StoredPair]:
             raise _damaged(source, r, f"metadata claims {r.rows} rows of {rows}")
         stored = codec.stored_dtype(dtype)
         if (stored is None) != (r.delta_key is None) or (
-            stored is not None and r.stored_dtype != str(stored).removeprefix("torch.")
+            stored is not None and r.stored_dtype != dtype_name(stored)
         ):
             raise _damaged(source, r, "codec and stored leaf disagree")
         if r.delta_key is not None:
@@ -317,7 +305,7 @@ def stored_pairs(source: Source, manifest: Manifest) -> list[StoredPair]:
                 raise _damaged(source, r, "exception rows are missing")
             total = array_rows[r.arrays.index]
             # Sizes only: the stores check the bytes on disk before anything is read.
-            source.arrays.get(r.arrays.index, torch.int64, (total,))
+            source.arrays.get(r.arrays.index, INT64, (total,))
             features = tuple(obs.shape[manifest.batch_dims :])
             source.arrays.get(r.arrays.rows, dtype, (total, *features))
         out.append(StoredPair(r, pair, codec, dtype, total))

@@ -17,8 +17,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
+from .arrays import dtype_name
 from .codecs import CODECS, Codec
 from .errors import DataError, InputError, UsageError
 from .formats import Format, Pair, Source, key_str
@@ -51,16 +52,12 @@ NOT_OBSERVATIONS = frozenset(
 INDEX_BYTES = 8
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def is_observation(key: tuple[str, ...]) -> bool:
     """Whether a pair's observation key may hold observations (see the module docstring)."""
     return not any(part in NOT_OBSERVATIONS for part in key)
 
 
-def pair_problem(source: Source, pair: Pair, supports: Callable[[torch.dtype], bool]) -> str | None:
+def pair_problem(source: Source, pair: Pair, supports: Callable[[np.dtype], bool]) -> str | None:
     """Why ``pair`` cannot be encoded, or ``None`` if it can."""
     obs, nxt = source.leaves.get(pair.obs_key), source.leaves.get(pair.next_key)
     for key in (pair.obs_key, pair.next_key):
@@ -95,7 +92,7 @@ def pairs_of(
     fmt: Format,
     source: Source,
     keys: Sequence[str] | None,
-    supports: Callable[[torch.dtype], bool],
+    supports: Callable[[np.dtype], bool],
     *,
     none_ok: bool = False,
 ) -> list[Pair]:
@@ -115,7 +112,7 @@ def select_pairs(
     candidates: Sequence[Pair],
     source: Source,
     keys: Sequence[str] | None,
-    supports: Callable[[torch.dtype], bool],
+    supports: Callable[[np.dtype], bool],
     *,
     none_ok: bool = False,
 ) -> list[Pair]:
@@ -142,8 +139,8 @@ def select_pairs(
                     chosen.append(pair)
         return chosen
 
-    def eligible(dtype: torch.dtype) -> bool:
-        return dtype != torch.bool and supports(dtype)
+    def eligible(dtype: np.dtype) -> bool:
+        return dtype != np.bool_ and supports(dtype)
 
     observations = [p for p in candidates if is_observation(p.obs_key)]
     pairs = [p for p in observations if pair_problem(source, p, eligible) is None]
@@ -186,7 +183,7 @@ def check_time_dim(source: Source, time_dim: int) -> int:
     return time_dim % dims
 
 
-def candidates(dtype: torch.dtype, bound: float | None) -> list[Codec]:
+def candidates(dtype: np.dtype, bound: float | None) -> list[Codec]:
     """Every codec that can encode ``dtype`` under ``bound``. With a bound of 0 only the lossless
     ones: every row a lossy codec changes would be an exception, so they never win."""
     out = []
@@ -208,7 +205,7 @@ class KeyGroup:
 
     name: str
     pairs: list[Pair]
-    dtype: torch.dtype
+    dtype: np.dtype
     features: tuple[int, ...]
     total_rows: int
     raw_bytes: int

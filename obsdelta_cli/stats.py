@@ -1,14 +1,13 @@
 """Which rebuilt rows are acceptable, and streaming error statistics over a whole key.
 
-Errors are measured in float64 on the very tensors ``inflate`` produces, over every valid row,
+Errors are measured in float64 on the very arrays ``inflate`` produces, over every valid row,
 never a sample. The figures do not depend on how rows are chunked: maxima are exact, and the
 sum behind the RMSE is taken per row, then per fixed block of rows (chunks hold whole blocks),
 and the block sums are added exactly (``math.fsum``).
 
->>> import torch
->>> truth = torch.tensor([[0.0, 1.0, 2.0], [1.0, 1.0, 1.0]])
+>>> truth = np.array([[0.0, 1.0, 2.0], [1.0, 1.0, 1.0]], dtype=np.float32)
 >>> s = ErrorStats()
->>> s.update(truth, truth + torch.tensor([[0.0, 0.0, 0.5], [0, 0, 0]]), exceptions=0, block=1)
+>>> s.update(truth, truth + np.float32([[0.0, 0.0, 0.5], [0, 0, 0]]), exceptions=0, block=1)
 >>> s.rows, s.exact_rows, s.max_abs_error, round(s.max_rel_error, 3)
 (2, 1, 0.5, 0.25)
 """
@@ -20,75 +19,79 @@ import sys
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
-_INT_VIEW = {
-    torch.float16: torch.int16,
-    torch.bfloat16: torch.int16,
-    torch.float32: torch.int32,
-    torch.float64: torch.int64,
-}
+from .arrays import bits_dtype, is_float
 
 
-def by_row(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as ``[rows, features]`` (also for no rows, or no feature dimensions)."""
-    return t.reshape(t.shape[0], math.prod(t.shape[1:]))
+def by_row(a: np.ndarray) -> np.ndarray:
+    """``a`` as ``[rows, features]`` (also for no rows, or no feature dimensions)."""
+    return a.reshape(a.shape[0], math.prod(a.shape[1:]))
 
 
 #: Rows at least this wide are reduced row by row; narrower ones (11 floats of a Hopper state)
-#: through one matrix product, since numpy and torch loop per row over short rows (~7x slower).
+#: through one matrix product, since numpy loops per row over short rows (~7x slower).
 _WIDE_ROW = 256
 
 
-def rows_without(mask: torch.Tensor) -> torch.Tensor:
+def rows_without(mask: np.ndarray) -> np.ndarray:
     """Per row of a boolean ``[n, width]`` mask: no element set.
 
-    >>> rows_without(torch.tensor([[False, False], [False, True]])).tolist()
+    >>> rows_without(np.array([[False, False], [False, True]])).tolist()
     [True, False]
     """
     n, width = mask.shape
     if width >= _WIDE_ROW or n == 0:
-        return ~mask.any(dim=1)
+        return ~np.any(mask, axis=1)
     # Counts of set elements, exact in float32 for rows this short.
-    counts = mask.view(torch.uint8).to(torch.float32) @ torch.ones(width)
+    counts = mask.astype(np.float32) @ np.ones(width, dtype=np.float32)
     return counts == 0
 
 
-def bit_equal_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def bit_equal_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Per-row flag over ``[n, ...]``: every element bit-identical (NaN payloads, signed zeros).
 
-    >>> bit_equal_rows(torch.tensor([[0.0], [1.0]]), torch.tensor([[-0.0], [1.0]])).tolist()
+    >>> bit_equal_rows(np.array([[0.0], [1.0]]), np.array([[-0.0], [1.0]])).tolist()
     [False, True]
     """
-    view = _INT_VIEW.get(a.dtype)
-    if view is not None:
+    if is_float(a.dtype):
+        view = bits_dtype(a.dtype)
         a, b = a.view(view), b.view(view)
-    a, b = by_row(a), by_row(b)
-    try:
-        differ = torch.from_numpy(a.numpy() != b.numpy())  # numpy's compare is vectorised
-    except TypeError:  # a dtype numpy lacks
-        differ = a != b
-    return rows_without(differ)
+    return rows_without(by_row(a) != by_row(b))
 
 
-def all_finite(t: torch.Tensor) -> bool:
-    """Whether every element of a float tensor is finite, in one pass without a mask: NaN
-    propagates through torch's min and max, and an infinity is one of them."""
-    if t.numel() == 0:
+#: Elements per step of the finiteness test of 2-byte floats: the temporary stays in cache.
+_FINITE_STEP = 1 << 16
+
+
+def all_finite(a: np.ndarray) -> bool:
+    """Whether every element of a float array is finite.
+
+    float16 and bfloat16 are tested on their bits, a cache-sized step at a time (numpy's
+    ``isfinite`` on them is ~8x slower, its ``min`` and ``max`` ~60x): a value is finite unless
+    its exponent bits, those of inf, are all set.
+    """
+    if a.size == 0:
         return True
-    if t.dtype in (torch.float32, torch.float64):
-        return bool(np.isfinite(t.numpy()).all())
-    lo, hi = torch.aminmax(t)
-    return math.isfinite(float(lo)) and math.isfinite(float(hi))
+    if a.dtype.itemsize > 2:
+        return bool(np.isfinite(a).all())
+    bits = a.reshape(-1).view(np.int16)
+    inf = int(np.array(np.inf, dtype=a.dtype).view(np.int16))
+    magnitude = np.empty(min(bits.size, _FINITE_STEP), dtype=np.int16)
+    for start in range(0, bits.size, _FINITE_STEP):
+        part = bits[start : start + _FINITE_STEP]
+        out = magnitude[: part.size]
+        if np.bitwise_and(part, 0x7FFF, out=out).max() >= inf:
+            return False
+    return True
 
 
-def _finite_rows(t: torch.Tensor) -> torch.Tensor | None:
+def _finite_rows(a: np.ndarray) -> np.ndarray | None:
     """Per-row flag: every element finite; ``None`` when the whole chunk is (the usual case)."""
-    if not (t.is_floating_point() or t.is_complex()):
+    if not (is_float(a.dtype) or a.dtype.kind == "c"):
         return None
-    if t.is_floating_point() and all_finite(t):
+    if is_float(a.dtype) and all_finite(a):
         return None
-    return rows_without(~by_row(torch.isfinite(t)))
+    return rows_without(~by_row(np.isfinite(a)))
 
 
 def column_max(values: np.ndarray) -> np.ndarray:
@@ -112,7 +115,7 @@ def column_max(values: np.ndarray) -> np.ndarray:
     return np.concatenate(parts).max(axis=0)
 
 
-def _both(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+def _both(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
     return b if a is None else a if b is None else a & b
 
 
@@ -120,9 +123,9 @@ def _both(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None
 class Verdict:
     """Which rows of a chunk a codec represents acceptably, and why the others fail."""
 
-    ok: torch.Tensor
+    ok: np.ndarray
     #: Rows rebuilt bit for bit.
-    same: torch.Tensor
+    same: np.ndarray
     #: Rows failing because obs or next obs holds NaN/inf.
     nonfinite: int
     #: Rows with finite source whose stored or rebuilt value is not finite (out of range).
@@ -132,10 +135,10 @@ class Verdict:
 
 
 def judge(
-    obs: torch.Tensor,
-    next_obs: torch.Tensor,
-    stored: torch.Tensor | None,
-    rebuilt: torch.Tensor,
+    obs: np.ndarray,
+    next_obs: np.ndarray,
+    stored: np.ndarray | None,
+    rebuilt: np.ndarray,
     *,
     bound: float | None,
     exact: bool,
@@ -150,16 +153,18 @@ def judge(
     if exact:
         return Verdict(same, same, 0, 0, int((~same).sum()))
     value_ok = _both(_finite_rows(rebuilt), None if stored is None else _finite_rows(stored))
-    ok = torch.ones_like(same) if value_ok is None else value_ok.clone()
+    ok = np.ones_like(same) if value_ok is None else value_ok.copy()
     over = None
     if bound is not None:
-        err = (rebuilt.double() - next_obs.double()).abs_()
-        over = ok & ~by_row(err <= bound).all(dim=1)
+        err = rebuilt.astype(np.float64)
+        with np.errstate(all="ignore"):  # inf - inf is NaN, over the bound; overflow is inf
+            np.abs(np.subtract(err, next_obs.astype(np.float64, copy=False), out=err), out=err)
+        over = ok & ~by_row(err <= bound).all(axis=1)
         ok &= ~over
     failed = ~(same | ok)
     if not bool(failed.any()):
         return Verdict(same | ok, same, 0, 0, 0)
-    source_ok = by_row(torch.isfinite(obs[failed]) & torch.isfinite(next_obs[failed])).all(1)
+    source_ok = by_row(np.isfinite(obs[failed]) & np.isfinite(next_obs[failed])).all(axis=1)
     nonfinite = int((~source_ok).sum())
     overflow = 0 if value_ok is None else int((~value_ok[failed] & source_ok).sum())
     over_bound = 0 if over is None else int((over[failed] & source_ok).sum())
@@ -183,7 +188,7 @@ class ErrorStats:
     _block_sums: list[float] = field(default_factory=list)
     _count: int = 0
     #: Largest absolute error of each feature (flattened), for per-dimension plots.
-    feature_max_abs: torch.Tensor | None = None
+    feature_max_abs: np.ndarray | None = None
 
     @property
     def rmse(self) -> float:
@@ -206,10 +211,10 @@ class ErrorStats:
         self.max_rel_error = max(self.max_rel_error, other.max_rel_error)
         self._feature_max(other.feature_max_abs)
 
-    def _feature_max(self, values: torch.Tensor | None) -> None:
+    def _feature_max(self, values: np.ndarray | None) -> None:
         if values is not None:
             old = self.feature_max_abs
-            self.feature_max_abs = values if old is None else torch.maximum(old, values)
+            self.feature_max_abs = values if old is None else np.maximum(old, values)
 
     def count(self, verdict: Verdict) -> None:
         """Add the failure counts of a chunk's verdict."""
@@ -219,12 +224,12 @@ class ErrorStats:
 
     def update(
         self,
-        truth: torch.Tensor,
-        rebuilt: torch.Tensor,
+        truth: np.ndarray,
+        rebuilt: np.ndarray,
         *,
         exceptions: int,
         block: int,
-        same: torch.Tensor | None = None,
+        same: np.ndarray | None = None,
     ) -> None:
         """Add a chunk of final rows ``[n, ...]`` (exception rows already patched in), a whole
         number of ``block`` rows but for the last; ``same`` flags rows known bit-identical."""
@@ -235,26 +240,28 @@ class ErrorStats:
             same = bit_equal_rows(rebuilt, truth)
         n_same = int(same.sum())
         self.exact_rows += n_same
-        self._count += truth.numel()
+        self._count += truth.size
         if n_same == n:
-            self._feature_max(torch.zeros(by_row(truth).shape[1], dtype=torch.float64))
+            self._feature_max(np.zeros(by_row(truth).shape[1], dtype=np.float64))
             return
         # Rows that differ are finite by construction (see judge), so the figures are finite.
         t, r = (truth, rebuilt) if n_same == 0 else (truth[~same], rebuilt[~same])
-        # Exact: a float64 difference of two narrower floats. Never the caller's tensors: both
+        # Exact: a float64 difference of two narrower floats. Never the caller's arrays: both
         # copies are changed in place.
-        t64 = t.to(torch.float64, copy=True)
-        err = r.to(torch.float64, copy=True).sub_(t64).abs_()
-        flat = by_row(err).numpy()
+        t64 = t.astype(np.float64, copy=True)
+        err = r.astype(np.float64, copy=True)
+        with np.errstate(over="ignore"):  # float64 sources far apart: an infinite error
+            np.abs(np.subtract(err, t64, out=err), out=err)
+        flat = by_row(err)
         features = column_max(flat)
-        self._feature_max(torch.from_numpy(features))
+        self._feature_max(features)
         self.max_abs_error = max(self.max_abs_error, float(features.max()))
         # Per row, then per block: each sum sees the same values in the same order whatever
         # the chunking, since a chunk never splits a block.
         differing = np.einsum("ij,ij->i", flat, flat)
         if n_same:
             row_sums = np.zeros(n, dtype=np.float64)
-            row_sums[(~same).numpy()] = differing
+            row_sums[~same] = differing
         else:
             row_sums = differing
         full = n - n % block
@@ -263,7 +270,7 @@ class ErrorStats:
         if full < n:
             self._block_sums.append(float(row_sums[full:].sum()))
         # Relative to non-zero originals only: dividing by inf there gives 0.
-        base = by_row(t64.abs_()).numpy()
+        base = by_row(np.abs(t64, out=t64))
         base[base == 0] = np.inf
         # Dividing by a subnormal original can overflow: the figure is then the largest float.
         with np.errstate(over="ignore"):

@@ -23,6 +23,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from .dataset import ObsdeltaDataset
@@ -195,7 +196,8 @@ class ObsdeltaStorage(TensorStorage):
                 if key in self._data.keys():
                     ends |= self.column(key).reshape(len(self), -1).any(-1).bool()
             # Segments are robomimic demos and Minari episodes: each ends an episode.
-            ends[(self._data._offsets[1:] - 1).clamp(min=0)] = len(self) > 0
+            last = np.maximum(self._data._offsets[1:] - 1, 0)
+            ends[torch.from_numpy(last)] = len(self) > 0
             self._ends = ends
         return self._ends
 

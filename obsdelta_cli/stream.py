@@ -5,15 +5,16 @@ only on the data (row size, the first batch dimension, HDF5 chunking) and on ``-
 through a whole number of fixed *blocks*, so that every block lies inside one chunk: error sums
 are taken per block, and outputs and figures come out the same whatever the chunk size.
 
->>> import torch
+>>> import numpy as np
 >>> g = Geometry.of([2, 3], time_dim=1, valid_rows=None)
->>> g.has_successor(torch.arange(6)).tolist()
+>>> g.has_successor(np.arange(6)).tolist()
 [True, True, False, True, True, False]
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from itertools import chain, islice
 from typing import Any, TypeVar
 
-import torch
+import numpy as np
 
 from . import interrupts
 from .checksum import Hasher
@@ -66,14 +67,14 @@ class Geometry:
             align=per_first,
         )
 
-    def has_successor(self, rows: torch.Tensor) -> torch.Tensor:
+    def has_successor(self, rows: np.ndarray) -> np.ndarray:
         """Per row number in ``rows``: whether it has a successor."""
         if self.step == 1 and self.length == self.total:  # one trajectory axis (TED, D4RL)
             return rows + 1 < min(self.valid, self.total)
         last_step = (rows // self.step) % self.length == self.length - 1
         return ~last_step & (rows + self.step < self.valid)
 
-    def without_successor(self, start: int, stop: int) -> torch.Tensor:
+    def without_successor(self, start: int, stop: int) -> np.ndarray:
         """Rows of ``start:stop`` without a successor, sorted, counted from ``start``: the same
         rows as ``~has_successor``, found without looking at every row.
 
@@ -81,15 +82,15 @@ class Geometry:
         [1, 4]
         """
         if stop <= start:
-            return torch.zeros(0, dtype=torch.long)
+            return np.zeros(0, dtype=np.int64)
         period = self.step * self.length
-        bases = torch.arange(start // period, (stop - 1) // period + 1) * period
-        last = (bases + (self.length - 1) * self.step)[:, None] + torch.arange(self.step)
+        bases = np.arange(start // period, (stop - 1) // period + 1, dtype=np.int64) * period
+        last = (bases + (self.length - 1) * self.step)[:, None] + np.arange(self.step)
         rows = last.flatten()
         rows = rows[(rows >= start) & (rows < stop)]
-        tail = torch.arange(max(start, min(stop, self.valid - self.step)), stop)
-        if tail.numel():
-            rows = torch.unique(torch.cat([rows, tail]))  # sorted
+        tail = np.arange(max(start, min(stop, self.valid - self.step)), stop, dtype=np.int64)
+        if tail.size:
+            rows = np.unique(np.concatenate([rows, tail]))  # sorted
         return rows - start
 
 
@@ -116,23 +117,26 @@ def slices(stop: int, block: int, chunk_bytes: int, row_bytes: int) -> Iterator[
         yield slice(start, min(stop, start + step))
 
 
-def window(obs: Any, sl: slice, geometry: Geometry) -> tuple[torch.Tensor, torch.Tensor]:
+def window(obs: Any, sl: slice, geometry: Geometry) -> tuple[np.ndarray, np.ndarray]:
     """Rows ``sl`` of ``obs`` and their successors, read once with the overlap they need; a row
     without a successor gets its own observation (the rebuild makes the same choice)."""
     n = sl.stop - sl.start
     block = obs[sl.start : min(geometry.total, sl.stop + geometry.step)]
     chunk = block[:n]
-    successor = torch.empty_like(chunk)
+    successor = np.empty_like(chunk)
     reach = max(0, min(n, block.shape[0] - geometry.step))
     successor[:reach] = block[geometry.step : geometry.step + reach]
     successor[reach:] = chunk[reach:]
     missing = geometry.without_successor(sl.start, sl.stop)
-    if missing.numel():
+    if missing.size:
         successor[missing] = chunk[missing]
     return chunk, successor
 
 
 def _one_worker(name: str) -> ThreadPoolExecutor:
+    torch = sys.modules.get("torch")  # imported by a codec that casts, or by the caller
+    if torch is None:
+        return ThreadPoolExecutor(1, name)
     # torch's thread count is per OS thread: the worker works with the caller's.
     threads = torch.get_num_threads()
     return ThreadPoolExecutor(1, name, initializer=torch.set_num_threads, initargs=(threads,))
@@ -140,7 +144,7 @@ def _one_worker(name: str) -> ThreadPoolExecutor:
 
 def ahead(items: Iterable[T], load: Callable[[T], R]) -> Iterator[tuple[T, R]]:
     """``(item, load(item))`` in order, the next item loading in a thread while the caller
-    works on this one: reads (``preadv`` and torch release the GIL) overlap encoding, hashing
+    works on this one: reads (``preadv`` and numpy release the GIL) overlap encoding, hashing
     and writing instead of waiting for them. At most two loads are held at once.
 
     >>> [r for _, r in ahead(range(3), lambda i: i * i)]
@@ -231,7 +235,7 @@ class Stream:
 
     def copy(self, src: Any, dst: Any, algorithm: str) -> str | None:
         """Copy a leaf chunk by chunk (``dst=None``: only read it); return the hash of its bytes.
-        Non-tensor leaves are carried by the container and give ``None``."""
+        Non-array leaves are carried by the container and give ``None``."""
         if not is_data(src):
             return None
         hasher = Hasher(algorithm)

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import torch
+import numpy as np
 from tensordict import TensorDict, TensorDictBase
 
 from obsdelta_cli import compress, inflate
@@ -38,8 +38,8 @@ def leaf_hashes(path: Path) -> dict[str, str]:
         for key, leaf in source.leaves.items():
             if is_data(leaf):
                 rows = as_rows(leaf, source.batch_dims)
-                data = torch.as_tensor(rows[0 : rows.shape[0]]).contiguous()
-                out[key_str(key)] = hashlib.sha256(data.view(torch.uint8).numpy()).hexdigest()
+                data = np.ascontiguousarray(rows[0 : rows.shape[0]])
+                out[key_str(key)] = hashlib.sha256(data.reshape(-1).view(np.uint8)).hexdigest()
         return out
     finally:
         fmt.close(source)

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from tensordict import TensorDictBase
@@ -503,9 +504,9 @@ def test_not_enough_free_space_is_refused_before_writing(tmp_path: Path) -> None
 
 def test_estimate_output_bytes(tmp_path: Path) -> None:
     (tmp_path / "in.bin").write_bytes(b"x" * 10_000)
-    leaves = {("a",): torch.zeros(100, 4), ("b",): torch.zeros(100, 4)}  # 1600 bytes each
-    source = Source(tmp_path / "in.bin", leaves, 1, None)
-    plan = Plan(order=[("a",), ("c",)], new={("c",): LeafSpec((100, 4), torch.float16)})
+    leaves = {("a",): np.zeros((100, 4), np.float32), ("b",): np.zeros((100, 4), np.float32)}
+    source = Source(tmp_path / "in.bin", leaves, 1, None)  # 1600 bytes a leaf
+    plan = Plan(order=[("a",), ("c",)], new={("c",): LeafSpec((100, 4), np.dtype(np.float16))})
     assert estimate_output_bytes(source, plan) == int((10_000 - 1600 + 800) * 1.05) + 2**20
 
 

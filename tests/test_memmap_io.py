@@ -9,6 +9,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from tensordict import NonTensorData, TensorDict
@@ -137,16 +138,16 @@ def test_a_leaf_fed_through_mapped_windows_gives_the_bytes_reads_give(
     from obsdelta_cli.formats import leaf
 
     monkeypatch.setattr(leaf, "_WINDOW", mmap_page := 4096)  # several windows, one partial
-    values = torch.arange(5000, dtype=torch.float32).reshape(1000, 5)
+    values = np.arange(5000, dtype=np.float32).reshape(1000, 5)
     path = tmp_path / "x.memmap"
-    path.write_bytes(values.numpy().tobytes())
-    f = leaf.FileLeaf(path, torch.float32, (1000, 5), writable=True)
+    path.write_bytes(values.tobytes())
+    f = leaf.FileLeaf(path, np.dtype(np.float32), (1000, 5), writable=True)
     fed, read = Hasher(), Hasher()
     assert f.feed(fed.update)
     read.update(f.read(0, 1000))
     assert fed.hex == read.hex and len(path.read_bytes()) > 4 * mmap_page
-    f.write(10, torch.zeros(3, 5))  # written, and handed to the kernel's write-back
-    assert torch.equal(f.read(10, 13), torch.zeros(3, 5))
+    f.write(10, np.zeros((3, 5), np.float32))  # written, and handed to the kernel's write-back
+    assert np.array_equal(f.read(10, 13), np.zeros((3, 5), np.float32))
     os.truncate(path, 4000)  # shorter than the leaf: nothing is mapped past the end
     assert f.feed(fed.update) is False
     with pytest.raises(OSError, match="unexpected end of file"):

@@ -7,44 +7,44 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from obsdelta_cli.arrays import BFLOAT16
 from obsdelta_cli.stats import ErrorStats, all_finite, bit_equal_rows, column_max, rows_without
 
-DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.uint8, torch.int64]
+FLOATS = [np.dtype(np.float16), BFLOAT16, np.dtype(np.float32), np.dtype(np.float64)]
+DTYPES = [*FLOATS, np.dtype(np.uint8), np.dtype(np.int64)]
 # Short rows take the matrix-product path, wide ones the per-row reduction.
 WIDTHS = [1, 3, 11, 255, 256, 700]
 
 
-def _naive_equal(a: torch.Tensor, b: torch.Tensor) -> list[bool]:
+def _naive_equal(a: np.ndarray, b: np.ndarray) -> list[bool]:
     """Row by row, whether the bytes are the same."""
-    raw_a = a.contiguous().view(torch.uint8).reshape(len(a), -1)
-    raw_b = b.contiguous().view(torch.uint8).reshape(len(b), -1)
-    return [bytes(x.numpy()) == bytes(y.numpy()) for x, y in zip(raw_a, raw_b, strict=True)]
+    raw_a = np.ascontiguousarray(a).view(np.uint8).reshape(len(a), -1)
+    raw_b = np.ascontiguousarray(b).view(np.uint8).reshape(len(b), -1)
+    return [x.tobytes() == y.tobytes() for x, y in zip(raw_a, raw_b, strict=True)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("width", WIDTHS)
-def test_bit_equal_rows_is_byte_equality(dtype: torch.dtype, width: int) -> None:
-    g = torch.Generator().manual_seed(width)
-    a = (torch.rand(64, width, generator=g) * 100).to(dtype)
-    b = a.clone()
+def test_bit_equal_rows_is_byte_equality(dtype: np.dtype, width: int) -> None:
+    a = (np.random.default_rng(width).random((64, width)) * 100).astype(dtype)
+    b = a.copy()
     # One element changed in some rows, at varying places (first, last, middle).
     for row in range(0, 64, 5):
         col = (row * 7) % width
-        b[row, col] = b[row, col] + 1 if dtype != torch.uint8 else b[row, col] ^ 1
+        b[row, col] = b[row, col] + 1 if dtype != np.uint8 else b[row, col] ^ 1
     got = bit_equal_rows(a, b)
     assert got.tolist() == _naive_equal(a, b)
     assert got.tolist() == [row % 5 != 0 for row in range(64)]
 
 
 def test_bit_equal_rows_tells_signed_zeros_and_nan_payloads_apart() -> None:
-    a = torch.tensor([[0.0, 1.0], [float("nan"), 1.0], [2.0, 3.0]])
-    b = a.clone()
+    a = np.array([[0.0, 1.0], [float("nan"), 1.0], [2.0, 3.0]], dtype=np.float32)
+    b = a.copy()
     b[0, 0] = -0.0
-    b.view(torch.int32)[1, 0] ^= 1  # another NaN
+    b.view(np.int32)[1, 0] ^= 1  # another NaN
     assert bit_equal_rows(a, b).tolist() == [False, False, True]
     assert bit_equal_rows(a[:0], b[:0]).tolist() == []
 
@@ -52,18 +52,31 @@ def test_bit_equal_rows_tells_signed_zeros_and_nan_payloads_apart() -> None:
 @given(st.lists(st.lists(st.booleans(), min_size=4, max_size=4), min_size=1, max_size=40))
 @settings(max_examples=60, deadline=None)
 def test_rows_without_matches_any(rows: list[list[bool]]) -> None:
-    mask = torch.tensor(rows)
+    mask = np.array(rows)
     assert rows_without(mask).tolist() == [not any(r) for r in rows]
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), float("-inf")])
-def test_all_finite(dtype: torch.dtype, bad: float | None) -> None:
-    t = torch.linspace(-5, 5, 1000).to(dtype).reshape(100, 10)
+def test_all_finite(dtype: np.dtype, bad: float | None) -> None:
+    t = np.linspace(-5, 5, 1000).astype(dtype).reshape(100, 10)
     if bad is not None:
         t[57, 3] = bad
     assert all_finite(t) is (bad is None)
     assert all_finite(t[:0])
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("bad", [float("-nan"), float("-inf"), float("inf")])
+@pytest.mark.parametrize("where", [0, 65_535, 65_536, 199_999])
+def test_all_finite_sees_one_bad_value_anywhere_in_a_large_array(
+    dtype: np.dtype, bad: float, where: int
+) -> None:
+    t = np.linspace(-60000, 60000, 200_000).astype(dtype)
+    assert all_finite(t)
+    t[where] = bad
+    assert not all_finite(t)
+    assert not all_finite(t.reshape(400, 500)[:, ::-1])  # not contiguous
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (7, 3), (64, 11), (1000, 11), (5, 300)])
@@ -72,33 +85,33 @@ def test_column_max_is_the_maximum_over_rows(shape: tuple[int, int]) -> None:
     np.testing.assert_array_equal(column_max(values), values.max(axis=0))
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
-def test_figures_equal_their_definitions_in_float64(dtype: torch.dtype) -> None:
-    g = torch.Generator().manual_seed(3)
-    truth = (torch.randn(500, 11, generator=g) * 10).to(dtype)
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_figures_equal_their_definitions_in_float64(dtype: np.dtype) -> None:
+    rng = np.random.default_rng(3)
+    truth = (rng.standard_normal((500, 11)) * 10).astype(dtype)
     truth[::17, 2] = 0  # zero originals: no relative error there
-    rebuilt = (truth.double() + torch.randn(500, 11, generator=g) * 1e-2).to(dtype)
+    rebuilt = (truth.astype(np.float64) + rng.standard_normal((500, 11)) * 1e-2).astype(dtype)
     rebuilt[::3] = truth[::3]  # a third of the rows bit for bit
     rebuilt[::17, 2] = 0.5  # an error where the original is zero
     stats = ErrorStats()
     for start in range(0, 500, 100):  # chunks of whole blocks of 20 rows
         sl = slice(start, start + 100)
         stats.update(truth[sl], rebuilt[sl], exceptions=0, block=20)
-    err = (rebuilt.double() - truth.double()).abs()
-    nonzero = truth.double() != 0
+    truth64 = truth.astype(np.float64)
+    err = np.abs(rebuilt.astype(np.float64) - truth64)
+    nonzero = truth64 != 0
     assert stats.rows == 500
-    assert stats.exact_rows == sum(
-        _naive_equal(truth.view(torch.uint8) if False else truth, rebuilt)
-    )
+    assert stats.exact_rows == sum(_naive_equal(truth, rebuilt))
     assert stats.max_abs_error == float(err.max())
-    assert stats.max_rel_error == float((err[nonzero] / truth.double().abs()[nonzero]).max())
-    assert stats.rmse == pytest.approx(math.sqrt(float((err**2).sum()) / err.numel()), rel=1e-12)
-    torch.testing.assert_close(stats.feature_max_abs, err.amax(dim=0), rtol=0, atol=0)
+    assert stats.max_rel_error == float((err[nonzero] / np.abs(truth64)[nonzero]).max())
+    assert stats.rmse == pytest.approx(math.sqrt(float((err**2).sum()) / err.size), rel=1e-12)
+    assert stats.feature_max_abs is not None and stats.feature_max_abs.dtype == np.float64
+    np.testing.assert_array_equal(stats.feature_max_abs, err.max(axis=0), strict=True)
 
 
 def test_relative_error_to_a_subnormal_original_stays_a_finite_figure() -> None:
-    truth = torch.tensor([[5e-324, 1.0]], dtype=torch.float64)
-    rebuilt = torch.tensor([[1e10, 1.0]], dtype=torch.float64)
+    truth = np.array([[5e-324, 1.0]], dtype=np.float64)
+    rebuilt = np.array([[1e10, 1.0]], dtype=np.float64)
     stats = ErrorStats()
     stats.update(truth, rebuilt, exceptions=0, block=1)
     assert stats.max_rel_error == sys.float_info.max

@@ -1,10 +1,10 @@
 """Codec registry: one line per codec.
 
->>> import torch
+>>> import numpy as np
 >>> list(CODECS)
 ['exact', 'fp16', 'bf16', 'fp32', 'q16', 'q8']
->>> make_codec("fp16").stored_dtype(torch.float32)
-torch.float16
+>>> make_codec("fp16").stored_dtype(np.dtype(np.float32))
+dtype('float16')
 >>> codec_from_config({"id": "q8", "step": 0.002}).step
 0.002
 """

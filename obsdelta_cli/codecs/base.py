@@ -6,7 +6,7 @@ compressed file can always be decoded with :func:`obsdelta_cli.codecs.codec_from
 A codec works on chunks of rows ``[n, *features]`` and treats each row on its own: it gets the
 row's observation, its next observation and, for codecs that use it, its *successor* (the
 observation one step later along time, ``obs[t+1]``; for a row with no successor, its own
-observation). It returns the per-row stored tensor (or ``None`` if it stores nothing per row),
+observation). It returns the per-row stored array (or ``None`` if it stores nothing per row),
 and ``decode`` rebuilds the next observation in the *restore dtype* (the source dtype).
 
 Rows a codec cannot represent well enough are not its concern: the pipeline compares every
@@ -20,11 +20,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Self
 
-import torch
+import numpy as np
+
+from ..arrays import is_float
 
 
 class Codec(ABC):
-    """Turns chunks of ``(obs, next_obs)`` rows into a stored tensor and back."""
+    """Turns chunks of ``(obs, next_obs)`` rows into a stored array and back."""
 
     id: ClassVar[str]
     #: One line for ``--help`` and the README table.
@@ -48,28 +50,28 @@ class Codec(ABC):
         """Rebuild a codec from :meth:`get_config` output."""
         return cls()
 
-    def supports(self, dtype: torch.dtype) -> bool:
+    def supports(self, dtype: np.dtype) -> bool:
         """Whether this codec can encode observations of ``dtype``."""
-        return dtype.is_floating_point
+        return is_float(dtype)
 
     @abstractmethod
-    def stored_dtype(self, source: torch.dtype) -> torch.dtype | None:
+    def stored_dtype(self, source: np.dtype) -> np.dtype | None:
         """The dtype of the per-row stored leaf, or ``None`` if the codec stores no leaf."""
 
     @abstractmethod
     def encode(
-        self, obs: torch.Tensor, next_obs: torch.Tensor, successor: torch.Tensor | None
-    ) -> torch.Tensor | None:
+        self, obs: np.ndarray, next_obs: np.ndarray, successor: np.ndarray | None
+    ) -> np.ndarray | None:
         """The stored rows for a chunk (``None`` when :meth:`stored_dtype` is ``None``)."""
 
     @abstractmethod
     def decode(
         self,
-        obs: torch.Tensor,
-        stored: torch.Tensor | None,
-        successor: torch.Tensor | None,
-        restore_dtype: torch.dtype,
-    ) -> torch.Tensor:
+        obs: np.ndarray,
+        stored: np.ndarray | None,
+        successor: np.ndarray | None,
+        restore_dtype: np.dtype,
+    ) -> np.ndarray:
         """Rebuild ``next_obs`` for a chunk, in ``restore_dtype``."""
 
     def __repr__(self) -> str:

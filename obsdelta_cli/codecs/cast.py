@@ -11,61 +11,69 @@ The subtraction runs in the wider of the source and stored dtypes (for a float32
 in the cast; the pipeline turns such rows into exception rows (or refuses the key with
 ``--no-exceptions``) and never writes them.
 
->>> import torch
+Both directions run in torch (imported when a chunk is first coded): its float16 and bfloat16
+casts are about 10x faster than numpy's, and they give TorchRL's bits, NaN payloads included.
+
+>>> import numpy as np
 >>> codec = Float16Delta()
->>> obs = torch.tensor([[1.0, 2.0]]); nxt = torch.tensor([[1.5, 1.0]])
->>> codec.decode(obs, codec.encode(obs, nxt, None), None, torch.float32)
-tensor([[1.5000, 1.0000]])
+>>> obs = np.array([[1.0, 2.0]], dtype=np.float32); nxt = np.array([[1.5, 1.0]], dtype=np.float32)
+>>> codec.decode(obs, codec.encode(obs, nxt, None), None, np.dtype(np.float32)).tolist()
+[[1.5, 1.0]]
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-import torch
+import numpy as np
 
+from ..arrays import BFLOAT16, from_torch, to_torch, torch_dtype, torch_module
 from .base import Codec
 
 
 class CastDelta(Codec):
     """Base of the cast codecs; subclasses only name their id and dtype."""
 
-    dtype: ClassVar[torch.dtype]
+    dtype: ClassVar[np.dtype]
 
-    def stored_dtype(self, source: torch.dtype) -> torch.dtype:
+    def stored_dtype(self, source: np.dtype) -> np.dtype:
         return self.dtype
 
     def encode(
-        self, obs: torch.Tensor, next_obs: torch.Tensor, successor: torch.Tensor | None
-    ) -> torch.Tensor:
-        work = torch.promote_types(obs.dtype, self.dtype)
-        return (next_obs.to(work) - obs.to(work)).to(self.dtype)
+        self, obs: np.ndarray, next_obs: np.ndarray, successor: np.ndarray | None
+    ) -> np.ndarray:
+        torch = torch_module()  # its float casts: ~10x numpy's speed (see the module docstring)
+
+        dtype = torch_dtype(self.dtype)
+        work = torch.promote_types(torch_dtype(obs.dtype), dtype)
+        return from_torch((to_torch(next_obs).to(work) - to_torch(obs).to(work)).to(dtype))
 
     def decode(
         self,
-        obs: torch.Tensor,
-        stored: torch.Tensor | None,
-        successor: torch.Tensor | None,
-        restore_dtype: torch.dtype,
-    ) -> torch.Tensor:
+        obs: np.ndarray,
+        stored: np.ndarray | None,
+        successor: np.ndarray | None,
+        restore_dtype: np.dtype,
+    ) -> np.ndarray:
         assert stored is not None
+        restore = torch_dtype(restore_dtype)  # torch's casts, as in encode
         # The same expression TorchRL's NextObservationDelta.forward evaluates.
-        return obs.to(restore_dtype) + stored.to(restore_dtype)
+        return from_torch(to_torch(obs).to(restore) + to_torch(stored).to(restore))
 
 
 class Float16Delta(CastDelta):
     id = "fp16"
-    dtype = torch.float16
+    dtype = np.dtype(np.float16)
     summary = "float16 delta (TorchRL's default): 11 significant bits, |delta| <= 65504"
 
 
 class BFloat16Delta(CastDelta):
     id = "bf16"
-    dtype = torch.bfloat16
+    dtype = BFLOAT16
     summary = "bfloat16 delta: 8 significant bits, float32's range"
 
 
 class Float32Delta(CastDelta):
     id = "fp32"
-    dtype = torch.float32
+    dtype = np.dtype(np.float32)
     summary = "float32 delta: for float64 sources or deltas beyond float16's range"

@@ -7,15 +7,16 @@ exception row, stored in full source precision by the pipeline, so the result is
 bit-identical, for floats and integers (uint8 pixels) alike. On shuffled data nearly every row is
 an exception: the output is then the input plus an index of 8 bytes per row.
 
->>> import torch
->>> obs = torch.tensor([[0.0], [1.0], [2.0]])
->>> ExactNext().decode(obs, None, torch.tensor([[1.0], [2.0], [2.0]]), torch.float32).flatten()
-tensor([1., 2., 2.])
+>>> import numpy as np
+>>> obs = np.array([[0.0], [1.0], [2.0]], dtype=np.float32)
+>>> successor = np.array([[1.0], [2.0], [2.0]], dtype=np.float32)
+>>> ExactNext().decode(obs, None, successor, np.dtype(np.float32)).flatten().tolist()
+[1.0, 2.0, 2.0]
 """
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
 from .base import Codec
 
@@ -26,23 +27,21 @@ class ExactNext(Codec):
     uses_successor = True
     lossless = True
 
-    def supports(self, dtype: torch.dtype) -> bool:
-        return dtype != torch.bool
+    def supports(self, dtype: np.dtype) -> bool:
+        return dtype != np.bool_
 
-    def stored_dtype(self, source: torch.dtype) -> None:
+    def stored_dtype(self, source: np.dtype) -> None:
         return None
 
-    def encode(
-        self, obs: torch.Tensor, next_obs: torch.Tensor, successor: torch.Tensor | None
-    ) -> None:
+    def encode(self, obs: np.ndarray, next_obs: np.ndarray, successor: np.ndarray | None) -> None:
         return None
 
     def decode(
         self,
-        obs: torch.Tensor,
-        stored: torch.Tensor | None,
-        successor: torch.Tensor | None,
-        restore_dtype: torch.dtype,
-    ) -> torch.Tensor:
+        obs: np.ndarray,
+        stored: np.ndarray | None,
+        successor: np.ndarray | None,
+        restore_dtype: np.dtype,
+    ) -> np.ndarray:
         assert successor is not None
-        return successor.to(restore_dtype, copy=True)
+        return successor.astype(restore_dtype, copy=True)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import functools
 import math
 import re
+import sys
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-import torch
-
+from .. import arrays
+from ..arrays import dtype_name, dtype_of
 from ..atomic import atomic_output, estimate_output_bytes, write_back
 from ..errors import DataError, InputError, ObsdeltaError, UsageError, write_error
 from ..formats import Format, Key, LeafSpec, Pair, Plan, Sink, Source, detect
@@ -27,8 +28,8 @@ from ..stream import Stream
 #: Cache-sized chunks: each chunk goes through several passes (encode, decode, checks, hashes)
 #: while it is still in cache. Measured fastest here at 0.5-1 MiB.
 DEFAULT_CHUNK_MB = 1
-# torch and tensordict report failed writes (disk full, no permission, file too large) as
-# RuntimeError; those messages name a file, an open, a resize or a position.
+# torch and tensordict (.pt files) report failed writes (disk full, no permission, file too
+# large) as RuntimeError; those messages name a file, an open, a resize or a position.
 _IO_FAILURE = re.compile(r"file|open|resize|unexpected pos|write|space|permi", re.IGNORECASE)
 
 P = ParamSpec("P")
@@ -36,17 +37,27 @@ R = TypeVar("R")
 
 
 def one_thread(command: Callable[P, R]) -> Callable[P, R]:
-    """Run a command with one torch thread: on chunks of a MiB, starting a parallel region for
-    every operation costs more than it saves (measured: 25x slower with two threads here)."""
+    """Run a command with one torch thread, if a codec imports torch (for its casts): on
+    chunks of a MiB, starting a parallel region for every operation costs more than it saves
+    (measured: 25x slower with two threads here)."""
 
     @functools.wraps(command)
     def run(*args: P.args, **kwargs: P.kwargs) -> R:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
+        before = arrays.torch_threads
+        torch = sys.modules.get("torch")
+        threads = None if torch is None else torch.get_num_threads()
+        arrays.torch_threads = 1
+        if torch is not None:
+            torch.set_num_threads(1)
         try:
             return command(*args, **kwargs)
         finally:
-            torch.set_num_threads(threads)
+            arrays.torch_threads = before
+            torch = sys.modules.get("torch")
+            if torch is not None:
+                # torch imported during the command (by a codec) gets its own count back.
+                restored = threads if threads is not None else arrays.torch_default_threads
+                torch.set_num_threads(before or restored or torch.get_num_threads())
 
     return run
 
@@ -161,7 +172,7 @@ def _stored_bytes(
         return sum(b for b in on_disk if b is not None)
     small = r.exception_rows * (INDEX_BYTES + features * s.dtype.itemsize)
     if r.stored_dtype:
-        small += rows * features * getattr(torch, r.stored_dtype).itemsize
+        small += rows * features * dtype_of(r.stored_dtype).itemsize
     return small
 
 
@@ -187,7 +198,7 @@ def recorded_results(
             out[r.name] = KeyResult(
                 key=r.name,
                 codec=s.codec.id,
-                dtype=str(s.dtype).removeprefix("torch."),
+                dtype=dtype_name(s.dtype),
                 shape=[rows, *features],
                 bytes_before=before,
                 bytes_after=after,

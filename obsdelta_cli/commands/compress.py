@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
+import numpy as np
 
 from ..checksum import Hasher
 from ..codecs import AUTO, DEFAULT_CODEC, Codec, make_codec
@@ -174,7 +174,7 @@ def _needed(
 def _record(
     pair: Pair,
     codec: Codec,
-    dtype: torch.dtype,
+    dtype: np.dtype,
     stats: ErrorStats,
     names: ArrayNames,
     bound: float | None,
@@ -275,7 +275,7 @@ def compress(
             )
         time_dim = check_time_dim(source, time_dim)
 
-        def supports(dtype: torch.dtype) -> bool:
+        def supports(dtype: np.dtype) -> bool:
             return bool(candidates(dtype, bound)) if chosen is None else chosen.supports(dtype)
 
         pairs = pairs_of(fmt, source, keys, supports, none_ok=copy_if_nothing)

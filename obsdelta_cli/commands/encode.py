@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
+import numpy as np
 
 from ..checksum import Hasher
 from ..codecs import Codec
@@ -28,18 +28,18 @@ PIECE_BYTES = 1 << 16
 class Coded:
     """One chunk after encoding: what is stored, what the rebuild gives, which rows failed."""
 
-    stored: torch.Tensor | None
-    rebuilt: torch.Tensor
+    stored: np.ndarray | None
+    rebuilt: np.ndarray
     verdict: Verdict
     #: Positions (within the chunk) of the exception rows.
-    bad: torch.Tensor
+    bad: np.ndarray
 
 
 def code_chunk(
     codec: Codec,
-    obs: torch.Tensor,
-    nxt: torch.Tensor,
-    successor: torch.Tensor | None,
+    obs: np.ndarray,
+    nxt: np.ndarray,
+    successor: np.ndarray | None,
     bound: float | None,
 ) -> Coded:
     """Encode, rebuild exactly as inflate will, judge, and patch the exception rows in."""
@@ -47,8 +47,8 @@ def code_chunk(
     rebuilt = decode(codec, obs, stored, successor, nxt.dtype)
     exact = codec.lossless or bound == 0
     verdict = judge(obs, nxt, stored, rebuilt, bound=bound, exact=exact)
-    bad = (~verdict.ok).nonzero().flatten()
-    if bad.numel():
+    bad = np.flatnonzero(~verdict.ok).astype(np.int64, copy=False)
+    if bad.size:
         rebuilt[bad] = nxt[bad]
         if stored is not None:
             stored[bad] = 0
@@ -61,17 +61,17 @@ class Pieces:
 
     def __init__(self, store: ArrayStore, name: str, later: Behind) -> None:
         self.store, self.name, self.later = store, name, later
-        self.parts: list[torch.Tensor] = []
+        self.parts: list[np.ndarray] = []
         self.count = 0
         self.total = 0
 
-    def append(self, rows: torch.Tensor) -> None:
+    def append(self, rows: np.ndarray) -> None:
         self.parts.append(rows)
         self.count += rows.shape[0]
         self.total += rows.shape[0]
-        piece = max(1, PIECE_BYTES // max(1, rows[:1].numel() * rows.element_size()))
+        piece = max(1, PIECE_BYTES // max(1, rows[:1].size * rows.itemsize))
         if self.count >= piece:
-            buffered = torch.cat(self.parts)
+            buffered = np.concatenate(self.parts)
             full = self.count - self.count % piece
             self._write(buffered[:full])
             self.parts = [buffered[full:]] if full < self.count else []
@@ -79,10 +79,10 @@ class Pieces:
 
     def close(self) -> None:
         if self.count:
-            self._write(torch.cat(self.parts))
+            self._write(np.concatenate(self.parts))
         self.parts, self.count = [], 0
 
-    def _write(self, rows: torch.Tensor) -> None:
+    def _write(self, rows: np.ndarray) -> None:
         self.later(self.store.append, self.name, rows)
 
 
@@ -96,7 +96,7 @@ def chunks(
     block = block_rows([obs, nxt, *extra], geometry.align)
     row_bytes = obs.dtype.itemsize * math.prod(obs.shape[1:])
 
-    def load(sl: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def load(sl: slice) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         o, succ = window(obs, sl, geometry) if successors else (obs[sl], None)
         return o, nxt[sl], succ
 
@@ -142,7 +142,7 @@ def encode_pair(
             later(copying[0].__setitem__, sl, o)
             copying[1].update(o)
         c = code_chunk(codec, o, n, succ, bound)
-        if c.bad.numel():
+        if c.bad.size:
             at, values = c.bad + sl.start, n[c.bad]
             index.append(at)
             rows.append(values)
@@ -162,9 +162,9 @@ def encode_pair(
     return stats, {name: h.hex for name, h in hashers.items()}
 
 
-def _account(stats: ErrorStats, c: Coded, truth: torch.Tensor, block: int) -> None:
+def _account(stats: ErrorStats, c: Coded, truth: np.ndarray, block: int) -> None:
     stats.count(c.verdict)
-    stats.update(truth, c.rebuilt, exceptions=int(c.bad.numel()), same=c.verdict.same, block=block)
+    stats.update(truth, c.rebuilt, exceptions=int(c.bad.size), same=c.verdict.same, block=block)
 
 
 def measure_pair(
@@ -183,7 +183,7 @@ def measure_pair(
         for codec, s in zip(codecs, stats, strict=True):
             c = code_chunk(codec, o, n, succ, bound)
             s.count(c.verdict)
-            s.update(n, c.rebuilt, exceptions=int(c.bad.numel()), same=c.verdict.same, block=block)
+            s.update(n, c.rebuilt, exceptions=int(c.bad.size), same=c.verdict.same, block=block)
         if enough is not None and enough(stats):
             break
     return stats

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-import torch
+import numpy as np
 import xxhash
 
 from ..errors import InputError
@@ -29,35 +29,35 @@ ARRAYS_DIR = "obsdelta.arrays"
 
 
 class ArrayStore:
-    """Named variable-length arrays stored beside the TensorDict (exception rows and their index).
+    """Named variable-length arrays stored beside the leaves (exception rows and their index).
 
     Arrays are appended chunk by chunk while writing, and read back lazily with the dtype and
     shape recorded in the metadata. This default keeps each array in a raw file of a folder.
 
     >>> import tempfile, pathlib
     >>> store = ArrayStore(pathlib.Path(tempfile.mkdtemp()) / "a")
-    >>> store.append("x", torch.arange(3)); store.append("x", torch.arange(2))
-    >>> store.get("x", torch.int64, (5,))[:].tolist()
+    >>> store.append("x", np.arange(3)); store.append("x", np.arange(2))
+    >>> store.get("x", np.dtype(np.int64), (5,))[:].tolist()
     [0, 1, 2, 0, 1]
     """
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
 
-    def append(self, name: str, rows: torch.Tensor) -> None:
+    def append(self, name: str, rows: np.ndarray) -> None:
         self.folder.mkdir(exist_ok=True)
         with (self.folder / f"{name}.bin").open("ab") as fh:
-            fh.write(rows.contiguous().view(torch.uint8).numpy().tobytes())
+            fh.write(np.ascontiguousarray(rows).reshape(-1).view(np.uint8).data)
 
     def storage_bytes(self, name: str) -> int | None:
         """Bytes array ``name`` takes on disk, where the container can tell (after filters)."""
         return None
 
-    def get(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> Any:
+    def get(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
         """The array, readable by row slices (read from the file as needed, not loaded)."""
         numel = math.prod(shape)
         if numel == 0:
-            return torch.empty(shape, dtype=dtype)
+            return np.empty(shape, dtype=dtype)
         file = self.folder / f"{name}.bin"
         expected = numel * dtype.itemsize
         if not file.is_file() or file.stat().st_size != expected:
@@ -74,23 +74,23 @@ class ArrayStore:
 class MemoryArrays(ArrayStore):
     """Arrays kept in memory, for containers saved whole (``.pt``)."""
 
-    def __init__(self, arrays: dict[str, torch.Tensor] | None = None) -> None:
-        self.arrays: dict[str, torch.Tensor] = dict(arrays or {})
-        self._parts: dict[str, list[torch.Tensor]] = {}
+    def __init__(self, arrays: dict[str, np.ndarray] | None = None) -> None:
+        self.arrays: dict[str, np.ndarray] = dict(arrays or {})
+        self._parts: dict[str, list[np.ndarray]] = {}
 
-    def append(self, name: str, rows: torch.Tensor) -> None:
-        self._parts.setdefault(name, []).append(rows.clone())
+    def append(self, name: str, rows: np.ndarray) -> None:
+        self._parts.setdefault(name, []).append(rows.copy())
 
-    def collect(self) -> dict[str, torch.Tensor]:
-        """All arrays appended so far, each as one tensor."""
+    def collect(self) -> dict[str, np.ndarray]:
+        """All arrays appended so far, each as one array."""
         for name, parts in self._parts.items():
-            self.arrays[name] = torch.cat(parts)
+            self.arrays[name] = np.concatenate(parts)
         self._parts.clear()
         return self.arrays
 
-    def get(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    def get(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         if math.prod(shape) == 0:
-            return torch.empty(shape, dtype=dtype)
+            return np.empty(shape, dtype=dtype)
         array = self.arrays.get(name)
         if array is None or array.dtype != dtype or tuple(array.shape) != tuple(shape):
             raise InputError(f"array {name} is missing or of the wrong shape")
@@ -133,7 +133,7 @@ class LeafSpec:
     """A leaf the output gets that the input does not have (a delta, or a rebuilt next obs)."""
 
     shape: tuple[int, ...]
-    dtype: torch.dtype
+    dtype: np.dtype
     #: On compress: the source leaf this one replaces (containers that keep storage options,
     #: such as HDF5 filters and chunks, take them from it).
     replaces: Key | None = None
@@ -183,7 +183,7 @@ class Source:
     """An opened input: its leaves (in storage order), metadata (``None`` if plain), geometry."""
 
     path: Path
-    #: Tensors or :class:`~obsdelta_cli.formats.leaf.LazyLeaf`; other objects (tensordict's
+    #: Arrays or :class:`~obsdelta_cli.formats.leaf.LazyLeaf`; other objects (tensordict's
     #: non-tensor data) are carried along unchanged.
     leaves: dict[Key, Any]
     #: Leading dimensions of a leaf that index transitions.

@@ -14,7 +14,7 @@ is buffered.
 >>> with tempfile.NamedTemporaryFile() as f:
 ...     _ = f.write(bytes(range(256)) * 4096); f.flush()
 ...     reads = ColdReads(os.open(f.name, os.O_RDONLY))
-...     bytes(reads.read_direct(5000, 3).numpy()) if reads.usable else bytes([136, 137, 138])
+...     bytes(reads.read_direct(5000, 3)) if reads.usable else bytes([136, 137, 138])
 b'\\x88\\x89\\x8a'
 """
 
@@ -27,7 +27,6 @@ import os
 import sys
 
 import numpy as np
-import torch
 
 #: Alignment of offsets, lengths and buffers for ``O_DIRECT`` (4 KiB suits every device with
 #: 512-byte or 4 KiB sectors).
@@ -111,25 +110,25 @@ class ColdReads:
         # Bit 0 of each byte says whether the page is cached (the others are reserved, zero).
         return bool(vec.all())
 
-    def read(self, offset: int, nbytes: int) -> torch.Tensor | None:
+    def read(self, offset: int, nbytes: int) -> np.ndarray | None:
         """``nbytes`` at ``offset`` read with ``O_DIRECT`` if the read is large and not all its
         pages are cached; ``None`` if it should be buffered."""
         if not self.usable or nbytes < MIN_DIRECT or self.cached(offset, nbytes):
             return None
         return self.read_direct(offset, nbytes)
 
-    def read_direct(self, offset: int, nbytes: int) -> torch.Tensor | None:
-        """``nbytes`` at ``offset`` with ``O_DIRECT``, as a view into an aligned buffer;
+    def read_direct(self, offset: int, nbytes: int) -> np.ndarray | None:
+        """``nbytes`` at ``offset`` with ``O_DIRECT``, as a uint8 view into an aligned buffer;
         ``None`` (and buffered reads from now on) if the file system refuses it."""
         if self.direct_fd < 0:
             return None
         head = offset % ALIGN
         start = offset - head
         span = -(-(head + nbytes) // ALIGN) * ALIGN
-        storage = torch.empty(span + ALIGN, dtype=torch.uint8)
-        skip = -storage.data_ptr() % ALIGN
+        storage = np.empty(span + ALIGN, dtype=np.uint8)
+        skip = -storage.ctypes.data % ALIGN
         buffer = storage[skip : skip + span]
-        view = buffer.numpy().data
+        view = buffer.data
         done = 0
         try:
             while done < head + nbytes:

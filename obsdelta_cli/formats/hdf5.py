@@ -26,8 +26,8 @@ from typing import Any
 
 import h5py
 import numpy as np
-import torch
 
+from ..arrays import BFLOAT16
 from ..checksum import Hasher
 from ..errors import InputError, UsageError, failed_write, write_error
 from .base import Format, Key, LeafSpec, Plan, Sink, Source, key_str
@@ -40,10 +40,10 @@ from .hdf5_leaves import (
     H5Arrays,
     H5Leaf,
     copy_attrs,
+    h5_dtype,
     h5_file,
+    leaf_dtype,
     leaves_of,
-    numpy_dtype,
-    torch_dtype,
 )
 from .hdf5_meta import read_meta, write_meta
 from .hdf5_objects import hash_objects, hash_objects_apart, header_bytes
@@ -299,7 +299,7 @@ class HDF5Format(Format):
         path = key_str(key)
         parent, _, name = path.rpartition("/")
         group = out.require_group(parent) if parent else out
-        dtype = numpy_dtype(spec.dtype)
+        dtype = h5_dtype(spec.dtype)
         if spec.replaces is not None:  # compress: a delta replacing a next-observation dataset
             original = src[key_str(spec.replaces)]
             if kwargs is None:
@@ -324,7 +324,7 @@ class HDF5Format(Format):
                     dcpl.set_alloc_time(recorded["alloc_time"])
                 ds = create_dataset(group, name, layout.dtype, spec.shape, maxshape, dcpl)
                 copy_attrs(layout, ds)
-        if spec.dtype == torch.bfloat16:
+        if spec.dtype == BFLOAT16:
             ds.attrs[BF16_ATTR] = "bfloat16"
         return ds
 
@@ -436,7 +436,7 @@ def _is_plain(ds: h5py.Dataset) -> bool:
         and dcpl.fill_value_defined() == h5py.h5d.FILL_VALUE_DEFAULT
         and not len(ds.attrs)
         and ds.maxshape == ds.shape
-        and torch_dtype(ds.dtype) is not None
+        and leaf_dtype(ds.dtype) is not None
     )
 
 
@@ -478,7 +478,7 @@ def _copy_tree(
     dst: h5py.Group,
     rule: CopyRule,
     copies: RawCopies,
-    streamed: dict[str, torch.dtype],
+    streamed: dict[str, np.dtype],
     relinks: Relinks | None = None,
 ) -> None:
     """Copy ``src`` into ``dst`` except the datasets ``rule`` drops and obsdelta's own group;

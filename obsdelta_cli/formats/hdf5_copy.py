@@ -20,7 +20,6 @@ from typing import Any
 
 import h5py
 import numpy as np
-import torch
 
 from .hdf5_leaves import contiguous_span, copy_attrs
 from .hdf5_objects import hash_span, header_hash
@@ -187,24 +186,22 @@ class SpanLeaf(LazyLeaf):
     """A contiguous dataset of an output being written, read and written in place by rows
     through the output's descriptor."""
 
-    def __init__(self, fd: int, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    def __init__(self, fd: int, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> None:
         self.fd, self.offset = fd, offset
         self.shape, self.dtype = tuple(shape), dtype
         self.row_bytes = math.prod(self.shape[1:]) * dtype.itemsize
 
-    def read(self, start: int, stop: int) -> torch.Tensor:
+    def read(self, start: int, stop: int) -> np.ndarray:
         count = max(0, min(stop, self.shape[0]) - start)
         at = self.offset + start * self.row_bytes
         out = read_exact(self.fd, at, count * self.row_bytes, "output")
-        return out.view(self.dtype).view(count, *self.shape[1:])
+        return out.view(self.dtype).reshape(count, *self.shape[1:])
 
-    def write(self, start: int, value: torch.Tensor) -> None:
+    def write(self, start: int, value: np.ndarray) -> None:
         write_exact(self.fd, self.offset + start * self.row_bytes, value)
 
 
-def in_place(
-    datasets: Sequence[tuple[h5py.Dataset, torch.dtype]], fd: int
-) -> list[SpanLeaf | None]:
+def in_place(datasets: Sequence[tuple[h5py.Dataset, np.dtype]], fd: int) -> list[SpanLeaf | None]:
     """For each new dataset of the output at ``fd`` (with the pipeline's dtype for it), a leaf
     the pass writes in place, row chunk by row chunk with ``pwrite`` at its offset, rather
     than through h5py (whose selection and write cost 0.8 ms a 1 MiB chunk, on the thread
@@ -258,7 +255,7 @@ class RawCopies:
         self.source, self.out, self.out_fd = source, out, out_fd
         self.out_path = out.filename  # read here: the thread makes no h5py call
         self.source_size = source.stat().st_size
-        self.spans: list[tuple[int, h5py.Dataset, int, torch.dtype | None]] = []
+        self.spans: list[tuple[int, h5py.Dataset, int, np.dtype | None]] = []
         #: Each copied dataset's hash as stored (see ``hash_objects``), by path, once copied.
         self.digests: dict[str, str] = {}
         self.thread: threading.Thread | None = None
@@ -273,7 +270,7 @@ class RawCopies:
         group: h5py.Group,
         name: str,
         *,
-        streamed: torch.dtype | None = None,
+        streamed: np.dtype | None = None,
     ) -> h5py.Dataset:
         """Create ``name`` in ``group`` like ``ds`` (type, dataspace, creation properties,
         attributes); its values are copied by :meth:`start`, or with ``streamed`` (the dtype

@@ -13,9 +13,9 @@ from typing import Any
 
 import h5py
 import numpy as np
-import torch
 from h5py._objects import phil
 
+from ..arrays import BFLOAT16, DTYPES, dtype_name
 from ..errors import InputError
 from .base import ArrayStore, Key
 from .direct import ColdReads
@@ -32,24 +32,25 @@ OWN = "obsdelta"
 LAYOUT_TWINS = f"{OWN}/pack/layout"
 #: Attribute marking a uint16 dataset that holds bfloat16 bits (numpy has no bfloat16).
 BF16_ATTR = "obsdelta_dtype"
-#: Attribute of obsdelta's opaque arrays: the torch dtype of their values.
+#: Attribute of obsdelta's opaque arrays: the dtype of their values, by its metadata name.
 ARRAY_DTYPE = "obsdelta_dtype"
 
 
-def torch_dtype(dtype: np.dtype) -> torch.dtype | None:
-    """The torch dtype of a numeric numpy dtype, ``None`` for strings, compounds and the like."""
+def leaf_dtype(dtype: np.dtype) -> np.dtype | None:
+    """The dtype a leaf of a dataset of ``dtype`` has: that of a number obsdelta reads (in the
+    machine's order); ``None`` for strings, compounds, big-endian numbers and the like.
+
+    >>> leaf_dtype(np.dtype("<f4")), leaf_dtype(np.dtype(">f4")), leaf_dtype(np.dtype("f16"))
+    (dtype('float32'), None, None)
+    """
     if dtype.kind not in "biuf" or dtype.byteorder == ">":
         return None
-    try:
-        return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
-    except TypeError:
-        return None
+    return DTYPES.get(dtype.name)
 
 
-def numpy_dtype(dtype: torch.dtype) -> np.dtype:
-    if dtype == torch.bfloat16:
-        return np.dtype(np.uint16)
-    return torch.empty(0, dtype=dtype).numpy().dtype
+def h5_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype HDF5 stores a leaf of ``dtype`` as (bfloat16 as its uint16 bits)."""
+    return np.dtype(np.uint16) if dtype == BFLOAT16 else np.dtype(dtype)
 
 
 def read_rows(ds: h5py.Dataset, rows: Any, file: Path, what: str) -> np.ndarray:
@@ -148,13 +149,13 @@ class H5Leaf(LazyLeaf):
         self.file = file
         self.shape = tuple(ds.shape)
         self.bf16 = is_bf16(ds)
-        dtype = torch.bfloat16 if self.bf16 else torch_dtype(ds.dtype)
+        dtype = BFLOAT16 if self.bf16 else leaf_dtype(ds.dtype)
         assert dtype is not None
         self.dtype = dtype
         chunks = ds.chunks
         #: Rows per HDF5 chunk along the first dimension: reads aligned to it touch each chunk once.
         self.chunk_rows = chunks[0] if chunks else 1
-        self._mapped: torch.Tensor | bool | None = None
+        self._mapped: np.ndarray | bool | None = None
         self._offset: int | bool | None = None
         self._chunked: DirectChunks | bool | None = None
         # ``ds.file`` makes a new h5py File object, under h5py's lock, per call: asked once.
@@ -172,7 +173,7 @@ class H5Leaf(LazyLeaf):
             return "is stored with HDF5's scale-offset filter, which rounds"
         return None
 
-    def read(self, start: int, stop: int) -> torch.Tensor:
+    def read(self, start: int, stop: int) -> np.ndarray:
         raw = self._raw_rows(start, stop)
         if raw is not None:
             return raw
@@ -180,8 +181,11 @@ class H5Leaf(LazyLeaf):
         array = None if chunked is None else chunked.rows(start, stop)
         if array is None:
             array = read_rows(self.ds, slice(start, stop), self.file, f"rows {start}:{stop}")
-        t = torch.from_numpy(array)
-        return t.view(torch.bfloat16) if self.bf16 else t
+        return self._typed(array)
+
+    def _typed(self, array: np.ndarray) -> np.ndarray:
+        """Values as HDF5 reads them, in the leaf's dtype (bfloat16 bits seen as bfloat16)."""
+        return array.view(self.dtype) if array.dtype != self.dtype else array
 
     def direct_chunks(self) -> DirectChunks | None:
         """The dataset's chunks decoded outside HDF5, on every core, where that applies (a
@@ -193,7 +197,7 @@ class H5Leaf(LazyLeaf):
             self._chunked = chunked if chunked is not None else False
         return self._chunked if isinstance(self._chunked, DirectChunks) else None
 
-    def _raw_rows(self, start: int, stop: int) -> torch.Tensor | None:
+    def _raw_rows(self, start: int, stop: int) -> np.ndarray | None:
         """Rows of a contiguous, unfiltered dataset of a file open read-only, read with
         ``preadv`` at their offset: the same bytes HDF5 would return, but without holding the
         interpreter lock, so reading overlaps encoding. ``None`` where this does not apply."""
@@ -209,8 +213,7 @@ class H5Leaf(LazyLeaf):
             )
         except OSError:
             return None  # let HDF5 report it
-        t = out.view(torch.int16 if self.bf16 else self.dtype).view(count, *self.shape[1:])
-        return t.view(torch.bfloat16) if self.bf16 else t
+        return out.view(self.dtype).reshape(count, *self.shape[1:])
 
     def _raw_offset(self) -> int | None:
         """Where the values of a contiguous (so unfiltered), native-order dataset start in the
@@ -222,7 +225,7 @@ class H5Leaf(LazyLeaf):
                 self._offset = span[0]
         return self._offset if self._offset is not False else None
 
-    def mapped(self) -> torch.Tensor | None:
+    def mapped(self) -> np.ndarray | None:
         """A contiguous, unfiltered dataset mapped read-only (copy on write) from the file, for
         random access at memory speed; ``None`` for chunked or filtered ones."""
         if self._mapped is None:
@@ -230,19 +233,15 @@ class H5Leaf(LazyLeaf):
             offset = self._raw_offset()
             if offset is not None:
                 array = np.memmap(self.file, self.ds.dtype, "c", offset=offset, shape=self.shape)
-                t = torch.from_numpy(array)
-                self._mapped = t.view(torch.bfloat16) if self.bf16 else t
-        return self._mapped if isinstance(self._mapped, torch.Tensor) else None
+                self._mapped = array.view(np.ndarray).view(self.dtype)
+        return self._mapped if isinstance(self._mapped, np.ndarray) else None
 
-    def select(self, rows: np.ndarray) -> torch.Tensor:
+    def select(self, rows: np.ndarray) -> np.ndarray:
         """Rows ``rows`` (sorted, distinct) in one read."""
-        t = torch.from_numpy(read_rows(self.ds, rows, self.file, f"{len(rows)} rows"))
-        return t.view(torch.bfloat16) if self.bf16 else t
+        return self._typed(read_rows(self.ds, rows, self.file, f"{len(rows)} rows"))
 
-    def write(self, start: int, value: torch.Tensor) -> None:
-        if self.bf16:
-            value = value.view(torch.int16)
-        array = value.contiguous().numpy()
+    def write(self, start: int, value: np.ndarray) -> None:
+        array = np.ascontiguousarray(value)
         self.ds[start : start + len(array)] = array.view(self.ds.dtype)
 
 
@@ -254,20 +253,20 @@ class OpaqueLeaf(LazyLeaf):
     feature shape are attributes.
     """
 
-    def __init__(self, ds: h5py.Dataset, file: Path, dtype: torch.dtype, features: tuple[int, ...]):
+    def __init__(self, ds: h5py.Dataset, file: Path, dtype: np.dtype, features: tuple[int, ...]):
         self.ds = ds
         self.file = file
         self.dtype = dtype
         self.shape = (ds.shape[0], *features)
         self.chunk_rows = ds.chunks[0] if ds.chunks else 1
 
-    def read(self, start: int, stop: int) -> torch.Tensor:
+    def read(self, start: int, stop: int) -> np.ndarray:
         array = read_rows(self.ds, slice(start, stop), self.file, f"rows {start}:{stop}")
-        raw = torch.from_numpy(array.view(np.uint8).reshape(-1))
+        raw = array.view(np.uint8).reshape(-1)
         return raw.view(self.dtype).reshape(len(array), *self.shape[1:])
 
-    def write(self, start: int, value: torch.Tensor) -> None:
-        raw = value.contiguous().reshape(len(value), -1).view(torch.uint8).numpy()
+    def write(self, start: int, value: np.ndarray) -> None:
+        raw = np.ascontiguousarray(value).reshape(len(value), -1).view(np.uint8)
         self.ds[start : start + len(value)] = raw.view(self.ds.dtype).reshape(-1)
 
 
@@ -418,7 +417,7 @@ def _cache_slots(dsid: Any, slots: int, nbytes: int) -> int | None:
 
 def leaves_of(f: h5py.File, file: Path, unread: dict[Key, str] | None = None) -> dict[Key, Any]:
     """Numeric datasets (not obsdelta's own arrays and layouts), keyed by their path; numbers
-    stored big-endian, which torch cannot hold, go to ``unread`` with why."""
+    stored big-endian, which obsdelta does not read, go to ``unread`` with why."""
     out: dict[Key, Any] = {}
     reads = file_reads(f)
     for name, obj in objects_of(f):
@@ -428,7 +427,7 @@ def leaves_of(f: h5py.File, file: Path, unread: dict[Key, str] | None = None) ->
         if parts[:2] in ((OWN, "arrays"), (OWN, "layout")):
             continue
         dtype = obj.dtype
-        if obj.ndim and (torch_dtype(dtype) is not None or is_bf16(obj)):
+        if obj.ndim and (leaf_dtype(dtype) is not None or is_bf16(obj)):
             out[parts] = H5Leaf(obj, file, reads)
         elif unread is not None and dtype.kind in "biuf" and dtype.byteorder == ">":
             unread[parts] = f"is stored big-endian ({dtype.str}): obsdelta does not read it"
@@ -449,14 +448,14 @@ class H5Arrays(ArrayStore):
         # Arrays found and checked, by what was asked, in a file open read-only (where they
         # cannot change): the pairs of a key share two arrays, and each of a robomimic file's
         # hundreds of pairs asks for both.
-        self._found: dict[tuple[str, torch.dtype, tuple[int, ...]], Any] | None = (
+        self._found: dict[tuple[str, np.dtype, tuple[int, ...]], Any] | None = (
             {} if f.mode == "r" else None
         )
 
-    def append(self, name: str, rows: torch.Tensor) -> None:
+    def append(self, name: str, rows: np.ndarray) -> None:
         group = self.f.require_group(f"{OWN}/arrays")
         features = tuple(rows.shape[1:])
-        row_bytes = max(1, math.prod(features) * rows.element_size())
+        row_bytes = max(1, math.prod(features) * rows.itemsize)
         if name not in group:
             # Exceptions are usually few: small chunks keep a handful of rows small on disk.
             chunk_rows = max(1, min(256, (1 << 14) // row_bytes))
@@ -469,7 +468,7 @@ class H5Arrays(ArrayStore):
                 track_times=False,
                 **self.kwargs,
             )
-            ds.attrs[ARRAY_DTYPE] = str(rows.dtype).removeprefix("torch.")
+            ds.attrs[ARRAY_DTYPE] = dtype_name(rows.dtype)
         ds = group[name]
         n = ds.shape[0]
         ds.resize(n + len(rows), axis=0)
@@ -479,7 +478,7 @@ class H5Arrays(ArrayStore):
         ds = self.f.get(f"{OWN}/arrays/{name}")
         return None if ds is None else int(ds.id.get_storage_size())
 
-    def get(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> Any:
+    def get(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
         if self._found is None:
             return self._get(name, dtype, shape)
         asked = (name, dtype, tuple(shape))
@@ -492,7 +491,7 @@ class H5Arrays(ArrayStore):
             self._found[asked] = found
         return self._found[asked]
 
-    def _get(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> Any:
+    def _get(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
         # The dtype is the manifest's: the array's own attribute (ARRAY_DTYPE) is for other
         # readers, and is not read here. Its value is a variable-length string, which HDF5
         # reads through a heap address: damaged, that crashed the process.

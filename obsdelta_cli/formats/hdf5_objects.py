@@ -125,7 +125,7 @@ def hash_span(h: Any, fd: int, offset: int, size: int, cold: ColdReads | None = 
     while done < size:
         count = min(1 << 22, size - done)
         direct = None if cold is None else cold.read(offset + done, min(count, PIECE))
-        piece = os.pread(fd, count, offset + done) if direct is None else direct.numpy().data
+        piece = os.pread(fd, count, offset + done) if direct is None else direct.data
         if not piece:
             raise ValueError(f"storage at {offset} runs past the end of the file")
         h.update(piece)

@@ -1,13 +1,12 @@
-"""Leaves the pipeline can stream: torch tensors, or lazy datasets read and written by rows.
+"""Leaves the pipeline can stream: numpy arrays, or lazy datasets read and written by rows.
 
-Containers that map their data (tensordict memmaps, ``.pt`` files) hand the pipeline plain
-tensors. Containers that must be read explicitly (HDF5) hand it a :class:`LazyLeaf`, which reads
-and writes slices along the first dimension only. :func:`as_rows` gives both the same face: a
-leaf flattened over its batch dimensions, ``[rows, *features]``, indexable by row slices.
+Containers that hold their data in memory (``.pt`` files) hand the pipeline plain arrays.
+Containers that must be read explicitly (memmap folders, HDF5) hand it a :class:`LazyLeaf`, which
+reads and writes slices along the first dimension only. :func:`as_rows` gives both the same face:
+a leaf flattened over its batch dimensions, ``[rows, *features]``, indexable by row slices.
 
->>> import torch
->>> as_rows(torch.zeros(2, 3, 4), batch_dims=2).shape
-torch.Size([6, 4])
+>>> as_rows(np.zeros((2, 3, 4)), batch_dims=2).shape
+(6, 4)
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
 
 from .direct import ColdReads
 
@@ -29,7 +27,7 @@ class LazyLeaf(ABC):
     """A dataset read and written by slices of its first dimension."""
 
     shape: tuple[int, ...]
-    dtype: torch.dtype
+    dtype: np.dtype
 
     @property
     def changes_values(self) -> str | None:
@@ -38,11 +36,11 @@ class LazyLeaf(ABC):
         return None
 
     @abstractmethod
-    def read(self, start: int, stop: int) -> torch.Tensor:
-        """Rows ``start:stop`` of the first dimension, as a tensor."""
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of the first dimension, as an array."""
 
     @abstractmethod
-    def write(self, start: int, value: torch.Tensor) -> None:
+    def write(self, start: int, value: np.ndarray) -> None:
         """Store ``value`` at rows ``start:start + len(value)`` of the first dimension."""
 
 
@@ -53,7 +51,7 @@ class FlatRows:
         self.leaf = leaf
         self.per_first = math.prod(leaf.shape[1:batch_dims])
         self.features = tuple(leaf.shape[batch_dims:])
-        self.shape = torch.Size((math.prod(leaf.shape[:batch_dims]), *self.features))
+        self.shape = (math.prod(leaf.shape[:batch_dims]), *self.features)
         self.dtype = leaf.dtype
 
     def _span(self, key: slice) -> tuple[int, int]:
@@ -62,7 +60,7 @@ class FlatRows:
             raise ValueError("only contiguous row slices are supported")
         return start, max(start, stop)
 
-    def __getitem__(self, key: slice) -> torch.Tensor:
+    def __getitem__(self, key: slice) -> np.ndarray:
         start, stop = self._span(key)
         first, last = start // self.per_first, -(-stop // self.per_first)
         block = self.leaf.read(first, last)
@@ -71,7 +69,7 @@ class FlatRows:
         offset = first * self.per_first
         return block[start - offset : stop - offset]
 
-    def gather(self, idx: torch.Tensor) -> torch.Tensor | None:
+    def gather(self, idx: np.ndarray) -> np.ndarray | None:
         """Rows ``idx`` in one gather where the leaf can (a mapped file, or one read of the
         sorted distinct rows); else ``None``."""
         mapped = getattr(self.leaf, "mapped", None)
@@ -81,36 +79,36 @@ class FlatRows:
         select = getattr(self.leaf, "select", None)
         if select is None or self.per_first != 1:
             return None
-        rows, inverse = np.unique(idx.numpy(), return_inverse=True)
-        return select(rows)[torch.from_numpy(inverse.reshape(-1))]
+        rows, inverse = np.unique(idx, return_inverse=True)
+        return select(rows)[inverse.reshape(-1)]
 
     def __setitem__(self, key: slice, value: Any) -> None:
         start, stop = self._span(key)
         if start % self.per_first or (stop % self.per_first and stop != self.shape[0]):
             raise ValueError("writes must cover whole rows of the first dimension")
-        rows = torch.as_tensor(value, dtype=self.dtype).expand(stop - start, *self.features)
+        rows = np.broadcast_to(np.asarray(value, dtype=self.dtype), (stop - start, *self.features))
         count = (stop - start) // self.per_first if self.per_first else 0
         self.leaf.write(start // self.per_first, rows.reshape(count, *self.leaf.shape[1:]))
 
 
-Rows = torch.Tensor | FlatRows
+Rows = np.ndarray | FlatRows
 
 
-def as_rows(leaf: torch.Tensor | LazyLeaf, batch_dims: int) -> Rows:
-    """``leaf`` as ``[rows, *features]``: a free view for tensors, a wrapper for lazy leaves."""
+def as_rows(leaf: np.ndarray | LazyLeaf, batch_dims: int) -> Rows:
+    """``leaf`` as ``[rows, *features]``: a free view for arrays, a wrapper for lazy leaves."""
     if isinstance(leaf, LazyLeaf):
         return FlatRows(leaf, batch_dims)
     return leaf.reshape(math.prod(leaf.shape[:batch_dims]), *leaf.shape[batch_dims:])
 
 
-def nbytes(leaf: torch.Tensor | LazyLeaf) -> int:
+def nbytes(leaf: np.ndarray | LazyLeaf) -> int:
     """Bytes of a leaf's values."""
     return math.prod(leaf.shape) * leaf.dtype.itemsize
 
 
 def is_data(leaf: object) -> bool:
     """Whether ``leaf`` holds array data (not a tensordict ``NonTensorData`` or similar)."""
-    return isinstance(leaf, torch.Tensor | LazyLeaf)
+    return isinstance(leaf, np.ndarray | LazyLeaf)
 
 
 #: Bytes mapped at a time by :meth:`FileLeaf.feed` (a multiple of the page size): mapped pages
@@ -120,8 +118,8 @@ _WINDOW = 1 << 26
 
 def read_exact(
     fd: int, offset: int, nbytes: int, name: str, cold: ColdReads | None = None
-) -> torch.Tensor:
-    """``nbytes`` bytes of ``fd`` at ``offset`` into a new buffer, with ``preadv`` (which may
+) -> np.ndarray:
+    """``nbytes`` bytes of ``fd`` at ``offset`` into a new uint8 buffer, with ``preadv`` (which may
     return less than asked, and releases the interpreter lock); a short file is an ``OSError``
     naming ``name``. With ``cold`` (for ``fd``), data not in memory is read past the page
     cache."""
@@ -129,8 +127,8 @@ def read_exact(
         direct = cold.read(offset, nbytes)
         if direct is not None:
             return direct
-    out = torch.empty(nbytes, dtype=torch.uint8)
-    view = out.numpy().data
+    out = np.empty(nbytes, dtype=np.uint8)
+    view = out.data
     done = 0
     while done < len(view):
         n = os.preadv(fd, [view[done:]], offset + done)
@@ -140,10 +138,10 @@ def read_exact(
     return out
 
 
-def write_exact(fd: int, offset: int, value: torch.Tensor) -> None:
+def write_exact(fd: int, offset: int, value: np.ndarray) -> None:
     """Write ``value``'s raw bytes to ``fd`` at ``offset``, with ``pwrite`` until all are
     written (it may write less than asked, and releases the interpreter lock)."""
-    raw = value.contiguous().reshape(-1).view(torch.uint8).numpy().data
+    raw = np.ascontiguousarray(value).reshape(-1).view(np.uint8).data
     done = 0
     while done < len(raw):
         done += os.pwrite(fd, raw[done:], offset + done)
@@ -161,7 +159,7 @@ class FileLeaf(LazyLeaf):
     def __init__(
         self,
         path: str | os.PathLike[str],
-        dtype: torch.dtype,
+        dtype: np.dtype,
         shape: tuple[int, ...],
         *,
         writable: bool = False,
@@ -170,17 +168,17 @@ class FileLeaf(LazyLeaf):
         self.dtype = dtype
         self.shape = tuple(shape)
         self.row_bytes = math.prod(shape[1:]) * dtype.itemsize
-        self._mapped: torch.Tensor | None = None
+        self._mapped: np.ndarray | None = None
         self.fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
         self._cold: ColdReads | None = None
 
-    def read(self, start: int, stop: int) -> torch.Tensor:
+    def read(self, start: int, stop: int) -> np.ndarray:
         count = max(0, min(stop, self.shape[0]) - start)
         if self._cold is None:
             self._cold = ColdReads(self.fd)
         at, nbytes = start * self.row_bytes, count * self.row_bytes
         out = read_exact(self.fd, at, nbytes, self.path, self._cold)
-        return out.view(self.dtype).view(count, *self.shape[1:])
+        return out.view(self.dtype).reshape(count, *self.shape[1:])
 
     def feed(self, update: Callable[[memoryview], None]) -> bool:
         """Pass the leaf's bytes to ``update`` in order, through read-only mapped windows (no
@@ -199,16 +197,19 @@ class FileLeaf(LazyLeaf):
                     update(view)
         return True
 
-    def mapped(self) -> torch.Tensor:
-        """The whole leaf mapped read-only and privately, for random access (training reads):
-        pages come from the page cache as rows are touched, and nothing can write through."""
+    def mapped(self) -> np.ndarray:
+        """The whole leaf mapped privately (copy on write), for random access (training
+        reads): pages come from the page cache as rows are touched, and nothing written to the
+        array reaches the file."""
         if self._mapped is None:
-            numel = math.prod(self.shape)
-            flat = torch.from_file(self.path, shared=False, size=numel, dtype=self.dtype)
-            self._mapped = flat.view(self.shape)
+            if math.prod(self.shape) == 0:
+                self._mapped = np.empty(self.shape, dtype=self.dtype)  # mmap refuses 0 bytes
+            else:
+                mapped = np.memmap(self.path, self.dtype, "c", shape=self.shape)
+                self._mapped = mapped.view(np.ndarray)  # the mapping lives as long as the view
         return self._mapped
 
-    def write(self, start: int, value: torch.Tensor) -> None:
+    def write(self, start: int, value: np.ndarray) -> None:
         write_exact(self.fd, start * self.row_bytes, value)
 
     def close(self) -> None:

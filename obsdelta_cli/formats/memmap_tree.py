@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
+import ml_dtypes
+import numpy as np
 
+from ..arrays import DTYPES, dtype_name
 from ..errors import InputError
 from .base import ARRAYS_DIR, SIDECAR, Key, Plan
 from .leaf import FileLeaf
@@ -90,9 +92,28 @@ class Tree:
     batch_dims: int
 
     def __getitem__(self, key: str | Key) -> Any:
-        """A leaf as a tensor, mapped privately (nothing written through it reaches the file)."""
+        """A leaf as an array, mapped privately (nothing written through it reaches the file)."""
         leaf = self.leaves[(key,) if isinstance(key, str) else tuple(key)]
         return leaf.mapped() if isinstance(leaf, FileLeaf) else leaf
+
+
+#: Dtypes torch has besides those of :data:`~obsdelta_cli.arrays.DTYPES` whose leaves are still
+#: copied (their bytes mean the same to numpy).
+_OTHER_DTYPES = {
+    name: np.dtype(getattr(ml_dtypes, name, None) or name)
+    for name in ("complex64", "complex128", "float8_e4m3fn", "float8_e5m2")
+}
+
+
+def leaf_dtype(name: object) -> np.dtype | None:
+    """The dtype of a leaf's ``meta.json`` entry, named as torch prints it (``torch.float32``);
+    ``None`` for a name numpy has no dtype for.
+
+    >>> leaf_dtype("torch.bfloat16"), leaf_dtype("torch.float32"), leaf_dtype("torch.qint8")
+    (dtype(bfloat16), dtype('float32'), None)
+    """
+    bare = str(name).removeprefix("torch.")
+    return DTYPES.get(bare) or _OTHER_DTYPES.get(bare)
 
 
 def _fail(msg: str, file: Path, key: str | None = None, hint: str = "damaged folder") -> InputError:
@@ -143,9 +164,9 @@ def read_tree(root: Path) -> Tree:
                 level.children[name] = walk(folder / stem, key)
                 continue
             if "dtype" in entry and "shape" in entry:
-                dtype = getattr(torch, str(entry["dtype"]).removeprefix("torch."), None)
+                dtype = leaf_dtype(entry["dtype"])
                 shape = entry["shape"]
-                if not isinstance(dtype, torch.dtype) or not (
+                if dtype is None or not (
                     isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)
                 ):
                     raise _fail(f"leaf entry is not understood: {entry}", meta_file, shown)
@@ -163,7 +184,7 @@ def read_tree(root: Path) -> Tree:
                 if expected == 0 and actual is None:
                     # tensordict writes no file for an empty leaf
                     level.names[name] = stem
-                    leaves[key] = torch.empty(shape, dtype=dtype)
+                    leaves[key] = np.empty(shape, dtype=dtype)
                     continue
                 if actual is None or actual < expected:
                     found = "is missing" if actual is None else f"holds {actual} bytes"
@@ -200,8 +221,13 @@ def _claimed(tree: Tree) -> set[Path]:
     return out
 
 
-def _leaf_entry(spec_shape: tuple[int, ...], dtype: torch.dtype) -> dict[str, Any]:
-    return {"device": "cpu", "shape": list(spec_shape), "dtype": str(dtype), "is_nested": False}
+def _leaf_entry(spec_shape: tuple[int, ...], dtype: np.dtype) -> dict[str, Any]:
+    return {
+        "device": "cpu",
+        "shape": list(spec_shape),
+        "dtype": f"torch.{dtype_name(dtype)}",  # as tensordict writes it
+        "is_nested": False,
+    }
 
 
 def _dump(content: dict[str, Any], style_015: bool) -> bytes:
@@ -214,7 +240,7 @@ def write_tree(
     tree: Tree, out_root: Path, plan: Plan, *, own_root: Path, restore: bool
 ) -> dict[Key, Any]:
     """Build the output folder ``out_root`` for ``plan``; return its leaves (writable FileLeafs
-    for tensor keys, the input's :class:`OpaqueEntry` for others, already copied).
+    for array keys, the input's :class:`OpaqueEntry` for others, already copied).
 
     ``own_root`` is where ``obsdelta.meta/`` lives (the container's root); with ``restore``,
     regenerated ``meta.json`` files are replaced by the originals kept there.
@@ -310,8 +336,8 @@ def write_tree(
         # Leaves of this level.
         for name in names:
             key = (*prefix, name)
-            if key not in plan.new and isinstance(tree.leaves.get(key), torch.Tensor):
-                leaves[key] = torch.empty_like(tree.leaves[key])  # empty: no file, as tensordict
+            if key not in plan.new and isinstance(tree.leaves.get(key), np.ndarray):
+                leaves[key] = np.empty_like(tree.leaves[key])  # empty: no file, as tensordict
             elif key in plan.new or isinstance(tree.leaves.get(key), FileLeaf):
                 if key in plan.new:
                     shape, dtype = plan.new[key].shape, plan.new[key].dtype
@@ -322,7 +348,7 @@ def write_tree(
                 file = folder / f"{known or encode_key(name)}.memmap"
                 size = math.prod(shape) * dtype.itemsize
                 if size == 0 and key in plan.new:
-                    leaves[key] = torch.empty(shape, dtype=dtype)
+                    leaves[key] = np.empty(shape, dtype=dtype)
                     continue
                 with open(file, "wb") as fh:
                     fh.truncate(size)

@@ -37,9 +37,9 @@ from typing import Any
 
 import h5py
 import numpy as np
-import torch
 import xxhash
 
+from ..arrays import BFLOAT16
 from ..errors import UsageError
 from .base import Key
 from .hdf5 import copy_attrs, create_dataset, dcpl_like
@@ -47,10 +47,10 @@ from .hdf5_leaves import (
     OWN,
     h5_file,
     is_bf16,
+    leaf_dtype,
     leaves_of,
     object_at,
     objects_of,
-    torch_dtype,
 )
 from .hdf5_safety import check_contained, damaged_pack
 from .leaf import LazyLeaf
@@ -251,24 +251,24 @@ class SliceLeaf(LazyLeaf):
     """A member of a family: rows ``start:start + rows`` of its family's dataset."""
 
     def __init__(
-        self, base: LazyLeaf, start: int, shape: tuple[int, ...], dtype: torch.dtype, share: float
+        self, base: LazyLeaf, start: int, shape: tuple[int, ...], dtype: np.dtype, share: float
     ) -> None:
         self.base, self.start, self.shape, self.dtype = base, start, shape, dtype
         self._share = share
         self.chunk_rows = getattr(base, "chunk_rows", 1)
 
-    def _typed(self, t: torch.Tensor) -> torch.Tensor:
-        return t if t.dtype == self.dtype else t.view(self.dtype)
+    def _typed(self, a: np.ndarray) -> np.ndarray:
+        return a if a.dtype == self.dtype else a.view(self.dtype)
 
-    def read(self, start: int, stop: int) -> torch.Tensor:
+    def read(self, start: int, stop: int) -> np.ndarray:
         stop = max(start, min(stop, self.shape[0]))
         return self._typed(self.base.read(self.start + start, self.start + stop))
 
-    def select(self, rows: np.ndarray) -> torch.Tensor:
+    def select(self, rows: np.ndarray) -> np.ndarray:
         """Rows ``rows`` (sorted, distinct) in one read of the family's dataset."""
         select = getattr(self.base, "select", None)
         if select is None:
-            return torch.stack([self.read(int(r), int(r) + 1)[0] for r in rows])
+            return np.stack([self.read(int(r), int(r) + 1)[0] for r in rows])
         return self._typed(select(np.asarray(rows) + self.start))
 
     def storage_bytes(self) -> int:
@@ -276,7 +276,7 @@ class SliceLeaf(LazyLeaf):
         stored = getattr(self.base, "storage_bytes", lambda: 0)()
         return round(stored * self._share)
 
-    def write(self, start: int, value: torch.Tensor) -> None:
+    def write(self, start: int, value: np.ndarray) -> None:
         raise UsageError("a packed file is read-only")
 
 
@@ -362,7 +362,7 @@ class Flat:
     def leaf(self, twin: h5py.Dataset, path: str) -> LazyLeaf:
         """Member ``path``'s leaf: its rows of its family's dataset, in its twin's dtype."""
         base = self._column(self.info["datasets"][path]["flat"])
-        dtype = torch.bfloat16 if is_bf16(twin) else torch_dtype(twin.dtype)
+        dtype = BFLOAT16 if is_bf16(twin) else leaf_dtype(twin.dtype)
         if dtype is None:
             raise damaged_pack(self.file, f"member {path} has a dtype obsdelta does not read")
         rows = int(twin.shape[0])

@@ -20,9 +20,9 @@ from typing import Any
 
 import h5py
 import numpy as np
-import torch
 import xxhash
 
+from ..arrays import BFLOAT16, dtype_name
 from ..errors import InputError, UsageError
 from ..filters import (
     FILTERS,
@@ -52,9 +52,9 @@ from .hdf5_leaves import (
     LAYOUT_TWINS,
     META_ATTR,
     OWN,
-    numpy_dtype,
+    h5_dtype,
+    leaf_dtype,
     objects_of,
-    torch_dtype,
 )
 from .hdf5_meta import MANIFEST, write_meta
 from .hdf5_objects import hash_objects_apart
@@ -107,10 +107,9 @@ class Chooser:
         return self.choices[fam][0]
 
 
-def _numpy(t: torch.Tensor) -> np.ndarray:
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(np.uint16)
-    return t.numpy()
+def _stored(a: np.ndarray) -> np.ndarray:
+    """Rows as HDF5 holds them: bfloat16 as its uint16 bits."""
+    return a.view(np.uint16) if a.dtype == BFLOAT16 else a
 
 
 def write_dataset(
@@ -258,7 +257,7 @@ def _repackable(ds: h5py.Dataset, flat: bool = False) -> bool:
     layout = dcpl.get_layout()
     return (
         ds.ndim >= 1
-        and torch_dtype(ds.dtype) is not None
+        and leaf_dtype(ds.dtype) is not None
         and (flat or ds.nbytes >= MIN_PACK_BYTES or _heavy_index(ds, layout))
         and layout in (h5py.h5d.CONTIGUOUS, h5py.h5d.CHUNKED)
         and dcpl.get_external_count() == 0
@@ -428,10 +427,10 @@ def _pack_folder(inner: Source, out: h5py.File, chooser: Chooser) -> dict[str, A
 
 
 def other_entry(key: Key, leaf: Any) -> dict[str, Any]:
-    """The manifest entry of a leaf that is not packed as a dataset: an empty tensor (its shape
-    and dtype), or a non-tensor entry the inner container keeps itself."""
-    if isinstance(leaf, torch.Tensor):
-        shape, dtype = list(leaf.shape), str(leaf.dtype).removeprefix("torch.")
+    """The manifest entry of a leaf that is not packed as a dataset: an empty array (its shape
+    and dtype), or a non-array entry the inner container keeps itself."""
+    if isinstance(leaf, np.ndarray):
+        shape, dtype = list(leaf.shape), dtype_name(leaf.dtype)
         return {"key": list(key), "kind": "empty", "shape": shape, "dtype": dtype}
     return {"key": list(key), "kind": "entry"}
 
@@ -447,25 +446,25 @@ def dataset_key(key: Key, file: Path) -> None:
 def pack_leaf(leaf: LazyLeaf, key: Key, out: h5py.File, chooser: Chooser) -> dict[str, Any]:
     """Write ``leaf`` as the dataset at its key's path, filtered (as it is when too small);
     return its entry for the manifest."""
-    dtype = numpy_dtype(leaf.dtype)
+    dtype = h5_dtype(leaf.dtype)
     parent, name = key[:-1], key[-1]
     group = out.require_group(key_str(parent)) if parent else out
 
     def read(start: int, stop: int) -> np.ndarray:
-        return _numpy(leaf.read(start, stop))
+        return _stored(leaf.read(start, stop))
 
     if 0 not in leaf.shape and math.prod(leaf.shape) * dtype.itemsize >= MIN_PACK_BYTES:
         entry = write_dataset(group, name, key_str(key), read, leaf.shape, dtype, chooser)
     else:  # too small to filter
         group.create_dataset(name, data=read(0, leaf.shape[0]), track_times=False)
         entry = {"filter": None}
-    if leaf.dtype == torch.bfloat16:
+    if leaf.dtype == BFLOAT16:
         group[name].attrs[BF16_ATTR] = "bfloat16"
     return entry
 
 
 def write_bytes(out: h5py.File, path: str, data: bytes) -> None:
-    """An opaque byte dataset (non-tensor data to HDF5 readers), zstd-compressed when long."""
+    """An opaque byte dataset (non-array data to HDF5 readers), zstd-compressed when long."""
     array = np.frombuffer(data, dtype=np.uint8).view(h5py.opaque_dtype(np.dtype("V1")))
     if len(data) < MIN_PACK_BYTES:
         out.create_dataset(path, data=array, track_times=False)
@@ -503,7 +502,7 @@ def unpack(packed: Source, manifest: Manifest, out: Path) -> None:
 
 def _copy_rows(leaf: Any, rows: int, write: Callable[[int, np.ndarray], None], step: int) -> None:
     for start in range(0, rows, step):
-        write(start, _numpy(leaf.read(start, min(rows, start + step))))
+        write(start, _stored(leaf.read(start, min(rows, start + step))))
 
 
 def _unpack_folder(packed: Source, info: dict[str, Any], inner: Manifest, out: Path) -> None:
@@ -641,7 +640,7 @@ def _restore(
                 slice(int(a), min(n, int(a) + c))
                 for a, n, c in zip(o, new.shape, chunks, strict=True)
             )
-            new[sel] = _numpy(leaf.read(sel[0].start, sel[0].stop))[(slice(None), *sel[1:])]
+            new[sel] = _stored(leaf.read(sel[0].start, sel[0].stop))[(slice(None), *sel[1:])]
         return
     per = new.chunks[0] if new.chunks else 1
     row_bytes = max(1, math.prod(new.shape[1:]) * new.dtype.itemsize)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import h5py
-import torch
+import numpy as np
 import xxhash
 
 from ..errors import DataError, UsageError
@@ -31,7 +31,7 @@ from .hdf5_safety import PACK_DAMAGED, damaged_pack
 from .leaf import LazyLeaf
 from .pack_io import BLOCK_BYTES, Chooser, dataset_key, other_entry, pack_leaf, write_bytes
 from .packed import FILES, PACK, file_bytes
-from .ted_pt import original_hashes, tensor_bytes
+from .ted_pt import array_bytes, original_hashes
 from .zip_skeleton import Hole, Layout, find, write
 
 KIND = "pt"
@@ -40,16 +40,16 @@ SKELETON = f"{PACK}/skeleton"
 
 
 class _Rows(LazyLeaf):
-    """A tensor in memory, read by rows as the packer reads leaves."""
+    """An array in memory, read by rows as the packer reads leaves."""
 
-    def __init__(self, t: torch.Tensor) -> None:
-        self.t, self.shape, self.dtype = t, tuple(t.shape), t.dtype
+    def __init__(self, a: np.ndarray) -> None:
+        self.a, self.shape, self.dtype = a, tuple(a.shape), a.dtype
 
-    def read(self, start: int, stop: int) -> torch.Tensor:
-        return self.t[start:stop]
+    def read(self, start: int, stop: int) -> np.ndarray:
+        return self.a[start:stop]
 
-    def write(self, start: int, value: torch.Tensor) -> None:
-        self.t[start : start + len(value)] = value
+    def write(self, start: int, value: np.ndarray) -> None:
+        self.a[start : start + len(value)] = value
 
 
 def pack_pt(inner: Source, out: h5py.File, chooser: Chooser) -> dict[str, Any]:
@@ -66,13 +66,13 @@ def pack_pt(inner: Source, out: h5py.File, chooser: Chooser) -> dict[str, Any]:
     datasets: dict[str, Any] = {}
     for key, leaf in inner.leaves.items():
         dataset_key(key, inner.path)
-        if isinstance(leaf, torch.Tensor) and leaf.numel():
+        if isinstance(leaf, np.ndarray) and leaf.size:
             entries.append({"key": list(key), "kind": "data"})
             datasets[key_str(key)] = pack_leaf(_Rows(leaf), key, out, chooser)
         else:
             entries.append(other_entry(key, leaf))
     for i, name in enumerate(names):
-        write_bytes(out, f"{FILES}/f{i}", bytes(tensor_bytes(arrays[name])))
+        write_bytes(out, f"{FILES}/f{i}", bytes(array_bytes(arrays[name])))
     write_bytes(out, SKELETON, skeleton)
     return {
         "kind": KIND,
@@ -130,6 +130,6 @@ def unpack_pt(packed: Source, info: dict[str, Any], out: Path) -> None:
             raise damaged_pack(packed.path, f"tensor {key_str(ref)} of the .pt file is missing")
         step = max(1, BLOCK_BYTES // max(1, math.prod(leaf.shape[1:]) * leaf.dtype.itemsize))
         for start in range(0, leaf.shape[0], step):
-            yield tensor_bytes(leaf.read(start, min(leaf.shape[0], start + step)))
+            yield array_bytes(leaf.read(start, min(leaf.shape[0], start + step)))
 
     write(out, layout, skeleton, fill)

@@ -35,9 +35,9 @@ from typing import Any
 
 import h5py
 import numpy as np
-import torch
 import xxhash
 
+from ..arrays import BFLOAT16, DTYPES
 from ..errors import InputError, UsageError
 from ..filters import FRAME_DELTA, plugins, undo_frame_delta
 from .base import SIDECAR, ArrayStore, Format, Key, Plan, Sink, Source, key_str
@@ -51,10 +51,10 @@ from .hdf5_leaves import (
     file_reads,
     h5_file,
     is_bf16,
+    leaf_dtype,
     leaves_of,
     object_at,
     read_rows,
-    torch_dtype,
 )
 from .hdf5_meta import read_meta
 from .hdf5_objects import attrs_hash, hash_objects_apart
@@ -109,7 +109,7 @@ class PackedLeaf(LazyLeaf):
     def __init__(self, ds: h5py.Dataset, file: Path, cache_bytes: int, reads: FileReads) -> None:
         self.ds, self.file = ds, file
         self.shape = tuple(ds.shape)
-        self.dtype = torch.uint8
+        self.dtype = np.dtype(np.uint8)
         self.chunk_rows = ds.chunks[0] if ds.chunks else max(1, self.shape[0])
         chunk_bytes = self.chunk_rows * math.prod(self.shape[1:])
         self._room = max(1, cache_bytes // max(1, chunk_bytes))
@@ -143,17 +143,17 @@ class PackedLeaf(LazyLeaf):
             out.append(frames)
         return out
 
-    def read(self, start: int, stop: int) -> torch.Tensor:
+    def read(self, start: int, stop: int) -> np.ndarray:
         stop = min(stop, self.shape[0])
         if stop <= start:
-            return torch.empty((0, *self.shape[1:]), dtype=torch.uint8)
+            return np.empty((0, *self.shape[1:]), dtype=np.uint8)
         first, last = start // self.chunk_rows, (stop - 1) // self.chunk_rows
         parts = self._chunks(range(first, last + 1))
         block = parts[0] if len(parts) == 1 else np.concatenate(parts)
         offset = first * self.chunk_rows
-        return torch.from_numpy(np.ascontiguousarray(block[start - offset : stop - offset]))
+        return np.ascontiguousarray(block[start - offset : stop - offset])
 
-    def select(self, rows: np.ndarray) -> torch.Tensor:
+    def select(self, rows: np.ndarray) -> np.ndarray:
         """Rows ``rows`` (sorted, distinct), decoding each chunk they touch once."""
         out = np.empty((len(rows), *self.shape[1:]), dtype=np.uint8)
         chunk_of = rows // self.chunk_rows
@@ -161,12 +161,12 @@ class PackedLeaf(LazyLeaf):
         for index, frames in zip(touched, self._chunks(touched), strict=True):
             mask = chunk_of == index
             out[mask] = frames[rows[mask] - index * self.chunk_rows]
-        return torch.from_numpy(out)
+        return out
 
     def storage_bytes(self) -> int:
         return int(self.ds.id.get_storage_size())
 
-    def write(self, start: int, value: torch.Tensor) -> None:
+    def write(self, start: int, value: np.ndarray) -> None:
         raise UsageError("a packed file is read-only", file=self.file)
 
 
@@ -189,7 +189,7 @@ class ColumnsLeaf(LazyLeaf):
         self.file = file
         self.shape = tuple(ds.shape)
         bf16 = is_bf16(ds)
-        dtype = torch.bfloat16 if bf16 else torch_dtype(ds.dtype)
+        dtype = BFLOAT16 if bf16 else leaf_dtype(ds.dtype)
         if not ds.is_virtual or len(self.shape) != 2 or dtype is None:
             raise damaged_pack(file, f"{ds.name} is not the virtual dataset the metadata records")
         self.dtype = dtype
@@ -225,15 +225,14 @@ class ColumnsLeaf(LazyLeaf):
         chunks = self.sources[main].chunks
         self.chunk_rows = chunks[0] if chunks else 1
 
-    def _gather(self, rows: Any, count: int) -> torch.Tensor:
+    def _gather(self, rows: Any, count: int) -> np.ndarray:
         out = np.empty((count, self.shape[1]), dtype=self.np_dtype)
         read: dict[str, np.ndarray] = {}
         for start, stop, source, at in self.blocks:
             if source not in read:  # each source once, whatever number of blocks it gives
                 read[source] = self._read_source(source, rows, count)
             out[:, start:stop] = read[source][:, at : at + stop - start]
-        t = torch.from_numpy(out)
-        return t.view(torch.bfloat16) if self.dtype == torch.bfloat16 else t
+        return out.view(BFLOAT16) if self.dtype == BFLOAT16 else out
 
     def _read_source(self, source: str, rows: Any, count: int) -> np.ndarray:
         direct = self._direct[source]
@@ -243,11 +242,11 @@ class ColumnsLeaf(LazyLeaf):
                 return block
         return read_rows(self.sources[source], rows, self.file, f"{count} rows")
 
-    def read(self, start: int, stop: int) -> torch.Tensor:
+    def read(self, start: int, stop: int) -> np.ndarray:
         stop = min(stop, self.shape[0])
         return self._gather(slice(start, max(start, stop)), max(0, stop - start))
 
-    def select(self, rows: np.ndarray) -> torch.Tensor:
+    def select(self, rows: np.ndarray) -> np.ndarray:
         """Rows ``rows`` (sorted, distinct), one read of each source."""
         return self._gather(rows, len(rows))
 
@@ -256,7 +255,7 @@ class ColumnsLeaf(LazyLeaf):
         own = [d for p, d in self.sources.items() if p.startswith(f"{COLUMNS}/")]
         return sum(int(d.id.get_storage_size()) for d in own)
 
-    def write(self, start: int, value: torch.Tensor) -> None:
+    def write(self, start: int, value: np.ndarray) -> None:
         raise UsageError("a packed file is read-only", file=self.file)
 
 
@@ -308,19 +307,19 @@ class PackedFiles(ArrayStore):
         ds = self._dataset(name)
         return None if ds is None else int(ds.id.get_storage_size())
 
-    def get(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> Any:
+    def get(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
         if math.prod(shape) == 0:
-            return torch.empty(shape, dtype=dtype)
+            return np.empty(shape, dtype=dtype)
         ds = self._dataset(name)
         expected = math.prod(shape) * dtype.itemsize
         if ds is None or ds.shape != (expected,):
             raise damaged_pack(self.file, f"array {name} is missing or not {expected} bytes long")
         raw = read_rows(ds, slice(None), self.file, f"array {name}").view(np.uint8)
-        return torch.from_numpy(raw.copy()).view(dtype).reshape(shape)
+        return raw.copy().view(dtype).reshape(shape)
 
 
 class Entry:
-    """A non-tensor entry of a folder inner (tensordict's ``NonTensorData``): its files are
+    """A non-array entry of a folder inner (tensordict's ``NonTensorData``): its files are
     among the packed files; it is never data."""
 
     def __init__(self, key: Key) -> None:
@@ -423,14 +422,14 @@ class Packed(Format):
             key, kind = tuple(entry["key"]), entry["kind"]
             if kind == "data":
                 ds = f.get(key_str(key))
-                if not isinstance(ds, h5py.Dataset) or torch_dtype(ds.dtype) is None:
+                if not isinstance(ds, h5py.Dataset) or leaf_dtype(ds.dtype) is None:
                     raise damaged_pack(path, f"leaf {key_str(key)} is missing")
                 leaves[key] = self._leaf(f, ds, path)
             elif kind == "empty":
-                dtype = getattr(torch, str(entry["dtype"]), None)
-                if not isinstance(dtype, torch.dtype):
+                dtype = _named_dtype(str(entry["dtype"]))
+                if dtype is None:
                     raise damaged_pack(path, f"leaf {key_str(key)} has an unknown dtype")
-                leaves[key] = torch.empty([int(d) for d in entry["shape"]], dtype=dtype)
+                leaves[key] = np.empty([int(d) for d in entry["shape"]], dtype=dtype)
             else:
                 leaves[key] = Entry(key)
         return leaves
@@ -495,6 +494,14 @@ def _close(f: h5py.File, memo: dict[str, Any] | None, handle: Any) -> None:
     f.close()
 
 
+def _named_dtype(name: str) -> np.dtype | None:
+    """The dtype an empty leaf's entry names: one obsdelta encodes, or a complex one a
+    ``.pt`` file may carry along."""
+    if name in ("complex64", "complex128"):
+        return np.dtype(name)
+    return DTYPES.get(name)
+
+
 def _array_files(info: dict[str, Any]) -> dict[str, int]:
     """Where each exception array of a folder or ``.pt`` inner is among the packed files."""
     if info["kind"] == "pt":
@@ -521,7 +528,7 @@ def values_hash(ds: Any, rows: int, step: int) -> str:
     h = xxhash.xxh3_64()
     for start in range(0, rows, step):
         block = ds.read(start, min(rows, start + step))
-        h.update(block.contiguous().view(torch.uint8).numpy())  # no copy: xxhash reads buffers
+        h.update(np.ascontiguousarray(block).reshape(-1).view(np.uint8).data)
     return h.hexdigest()
 
 

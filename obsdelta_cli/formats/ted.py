@@ -6,13 +6,15 @@ from abc import abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
+import numpy as np
 
 from .. import interrupts
+from ..arrays import from_torch, is_tensor, numpy_dtype, torch_dtype
 from .base import ArrayStore, Format, Key, Plan, Sink, Source
 from .leaf import FileLeaf
 
 if TYPE_CHECKING:  # tensordict costs seconds to import; HDF5 work never needs it
+    import torch
     from tensordict import TensorDictBase
 
 
@@ -43,16 +45,22 @@ def leaves_of(td: TensorDictBase, prefix: Key = ()) -> dict[Key, Any]:
 
 
 def file_leaf(leaf: Any, *, writable: bool = False) -> Any:
-    """A memmap leaf as a :class:`FileLeaf`; anything else unchanged."""
-    filename = getattr(leaf, "filename", None)
-    if filename is None or not isinstance(leaf, torch.Tensor) or not leaf.is_contiguous():
+    """A memmap leaf as a :class:`FileLeaf`, any other tensor as an array sharing its memory
+    (what is written to it reaches the tensor); anything else unchanged."""
+    if not is_tensor(leaf):
         return leaf
-    return FileLeaf(filename, leaf.dtype, tuple(leaf.shape), writable=writable)
+    filename = getattr(leaf, "filename", None)
+    if filename is None or not leaf.is_contiguous() or leaf.dtype.is_complex:
+        return from_torch(leaf)  # complex: a dtype obsdelta never encodes, carried as it is
+    return FileLeaf(filename, numpy_dtype(leaf.dtype), tuple(leaf.shape), writable=writable)
 
 
-def _placeholder(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    # A zero-stride tensor: gives the output its shape and dtype without allocating it.
-    return torch.zeros((), dtype=dtype).expand(shape)
+def _placeholder(shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
+    # A zero-stride tensor: gives the output its shape and dtype without allocating it. Only
+    # TensorDict outputs ask for one, and they have imported torch already.
+    import torch
+
+    return torch.zeros((), dtype=torch_dtype(dtype)).expand(shape)
 
 
 class TensorDictFormat(Format):
@@ -62,7 +70,8 @@ class TensorDictFormat(Format):
         self, path: Path, td: TensorDictBase, meta: dict[str, Any] | None, **extra: Any
     ) -> Source:
         """A :class:`Source` over ``td``, keeping ``td`` for :meth:`create`. Leaves stored in
-        files are read with explicit reads (:class:`FileLeaf`), not through their mapping."""
+        files are read with explicit reads (:class:`FileLeaf`), not through their mapping;
+        tensors in memory become arrays sharing their memory."""
         return Source(
             path=path,
             leaves={k: file_leaf(v) for k, v in leaves_of(td).items()},

@@ -12,6 +12,10 @@ hash among the manifest's objects, so ``inflate`` writes the original file back 
 Where the file's storages hold more than the leaves' values (views of a larger tensor,
 overlapping views) or the file has no zip records (torch's legacy format), nothing is kept and
 ``inflate`` saves the TensorDict anew with ``torch.save``.
+
+The leaves and arrays handed to the rest of obsdelta are numpy arrays sharing the tensors'
+memory (:func:`~obsdelta_cli.arrays.from_torch`); torch and tensordict are imported only when a
+``.pt`` file is read or written.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
+import numpy as np
 import xxhash
 
+from ..arrays import from_torch, is_tensor, to_torch, torch_module
 from ..errors import InputError
 from ..manifest import parse
 from .base import ArrayStore, Key, MemoryArrays, Plan, Sink, Source, key_str
@@ -73,6 +78,8 @@ def safe_globals() -> list[Any]:
 def load(path: Path) -> Any:
     """``torch.load`` without running code: only tensors, plain containers and tensordict's
     own classes are built; anything else in the pickle raises :class:`InputError`."""
+    torch = torch_module()
+
     try:
         mmap = zipfile.is_zipfile(path)
         with torch.serialization.safe_globals(safe_globals()), warnings.catch_warnings():
@@ -104,9 +111,14 @@ def _damaged(path: Path, exc: BaseException) -> InputError:
     )
 
 
-def tensor_bytes(t: torch.Tensor) -> Any:
-    """A tensor's bytes in memory order, as a buffer."""
-    return t.contiguous().reshape(-1).view(torch.uint8).numpy()
+def array_bytes(a: np.ndarray) -> np.ndarray:
+    """An array's bytes in memory order, as a buffer."""
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+def _as_arrays(values: dict[Any, Any]) -> dict[Any, Any]:
+    """``values`` with each tensor as an array sharing its memory (other objects as they are)."""
+    return {k: from_torch(v) if is_tensor(v) else v for k, v in values.items()}
 
 
 def original_file(
@@ -124,8 +136,8 @@ def original_file(
 def _skeleton(layout: Layout, arrays: ArrayStore | None, file: Path) -> bytes:
     if arrays is None:
         raise InputError(f"array {SKELETON} is missing", file=file, hint="the file is damaged")
-    skeleton = arrays.get(SKELETON, torch.uint8, (layout.skeleton_bytes,))
-    return bytes(tensor_bytes(torch.as_tensor(skeleton[0 : layout.skeleton_bytes])))
+    skeleton = arrays.get(SKELETON, np.dtype(np.uint8), (layout.skeleton_bytes,))
+    return bytes(array_bytes(np.asarray(skeleton[0 : layout.skeleton_bytes])))
 
 
 def original_hashes(
@@ -189,7 +201,7 @@ class TedPt(TensorDictFormat):
         entry = obj.get_non_tensor(META_KEY)
         try:
             meta = json.loads(entry["meta"])
-            arrays = dict(entry["arrays"])
+            arrays = _as_arrays(dict(entry["arrays"]))
         except (TypeError, ValueError, KeyError):
             raise InputError(
                 f"the {META_KEY} entry is not obsdelta metadata", file=path, hint="damaged file"
@@ -203,7 +215,7 @@ class TedPt(TensorDictFormat):
             found = find(source.path, source.leaves)
             if found is not None:
                 layout, sink.skeleton = found
-                raw = torch.frombuffer(bytearray(sink.skeleton), dtype=torch.uint8)
+                raw = np.frombuffer(bytearray(sink.skeleton), dtype=np.uint8)
                 sink.arrays.append(SKELETON, raw)
                 sink.extra[PT_FILE] = layout.to_json()
             return sink
@@ -211,7 +223,7 @@ class TedPt(TensorDictFormat):
         if sink.original is not None:
             for hole in sink.original[0].holes:
                 leaf = sink.leaves.get(hole.ref)
-                if not (isinstance(leaf, torch.Tensor) and leaf.nbytes == hole.size):
+                if not (isinstance(leaf, np.ndarray) and leaf.nbytes == hole.size):
                     raise InputError(
                         f"the recorded layout of the .pt file has {hole.size} bytes for "
                         f"{key_str(hole.ref)}, which is not a tensor of that size",
@@ -225,19 +237,24 @@ class TedPt(TensorDictFormat):
     def materialise(
         self, path: Path, template: TensorDictBase, source: Source
     ) -> tuple[TensorDictBase, ArrayStore]:
+        import torch
+
         return template.apply(lambda t: torch.empty(t.shape, dtype=t.dtype)), MemoryArrays()
 
     def finish(self, path: Path, sink: Sink, meta: dict[str, Any] | None) -> None:
+        import torch
+
         td = sink.handle
         if meta is None and isinstance(sink, PtSink) and sink.original is not None:
             # inflate: the original file, as it was
-            tensors = leaves_of(td)
+            tensors = _as_arrays(leaves_of(td))
             layout, skeleton = sink.original
-            write(path, layout, skeleton, lambda h: [tensor_bytes(tensors[h.ref])], sink.changed)
+            write(path, layout, skeleton, lambda h: [array_bytes(tensors[h.ref])], sink.changed)
             return
         if meta is not None:
             assert isinstance(sink.arrays, MemoryArrays)
-            entry = {"meta": json.dumps(meta), "arrays": sink.arrays.collect()}
+            arrays = {name: to_torch(a) for name, a in sink.arrays.collect().items()}
+            entry = {"meta": json.dumps(meta), "arrays": arrays}
             td.set_non_tensor(META_KEY, entry)
         torch.save(td, path)
 

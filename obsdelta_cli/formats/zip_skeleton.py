@@ -11,7 +11,9 @@ the file that was saved, whatever torch version wrote it.
 The zip structure is read with :mod:`zipfile` and plain reads of its headers: nothing here
 unpickles anything. Which record holds which tensor comes from the tensors themselves: a file
 loaded with ``torch.load(mmap=True)`` is mapped once and each storage is a slice of that
-mapping, so a tensor's storage address minus the mapping's start is its record's offset.
+mapping, so a tensor's storage address minus the mapping's start is its record's offset. The
+leaves obsdelta holds are arrays sharing the tensors' memory: their storage is the tensor's
+they view.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
+import numpy as np
 
+from ..arrays import from_torch, is_tensor
 from ..errors import InputError
 from .base import Key
 
@@ -187,20 +190,31 @@ def _records(path: Path) -> list[Record] | None:
 _PADDING = 64
 
 
+def _tensor_of(a: np.ndarray) -> Any:
+    """The tensor whose memory the array ``a`` views (:func:`~obsdelta_cli.arrays.from_torch`),
+    ``None`` for an array of numpy's own."""
+    base: Any = a
+    while base is not None and not is_tensor(base):
+        base = getattr(base, "base", None)
+    return base
+
+
 def find(path: Path, tensors: Mapping[Key, Any]) -> tuple[Layout, bytes] | None:
-    """The layout of ``path`` with one hole per tensor of ``tensors`` (loaded from it with
-    ``torch.load(mmap=True)``), and its skeleton. ``None`` where the file's storages hold more
-    than the tensors' values (views of a larger tensor, overlapping views) or do not map onto
-    its records (torch's legacy format)."""
+    """The layout of ``path`` with one hole per array of ``tensors`` (tensors loaded from it
+    with ``torch.load(mmap=True)``, or arrays sharing their memory), and its skeleton.
+    ``None`` where the file's storages hold more than the tensors' values (views of a larger
+    tensor, overlapping views) or do not map onto its records (torch's legacy format)."""
     spans: dict[Key, tuple[int, int, int]] = {}  # storage address, offset in it, bytes
     storages: dict[int, int] = {}  # address: bytes
     for ref, t in tensors.items():
-        if not isinstance(t, torch.Tensor) or not t.numel():
-            continue  # an empty tensor holds no bytes: it stays in the skeleton
-        if not t.is_contiguous() or t.device.type != "cpu":
+        t = from_torch(t) if is_tensor(t) else t
+        if not isinstance(t, np.ndarray) or not t.size:
+            continue  # an empty array holds no bytes: it stays in the skeleton
+        owner = _tensor_of(t)
+        if owner is None or not t.flags.c_contiguous or owner.device.type != "cpu":
             return None
-        storage = t.untyped_storage()
-        spans[ref] = (storage.data_ptr(), int(t.storage_offset()) * t.element_size(), t.nbytes)
+        storage = owner.untyped_storage()
+        spans[ref] = (storage.data_ptr(), t.ctypes.data - storage.data_ptr(), t.nbytes)
         storages[storage.data_ptr()] = storage.nbytes()
     records = _records(path)
     if records is None:

@@ -1,0 +1,124 @@
+"""Arrays and dtypes of obsdelta's core: numpy arrays, with bfloat16 from ``ml_dtypes``.
+
+The commands move rows as numpy arrays and never import torch for an HDF5 file or a memmap
+folder: ``import torch`` alone takes 1-3 s, longer than compressing hundreds of MB. torch
+comes in at the edges only (``.pt`` files, tensordict, ``open_dataset`` and the TorchRL
+storage, the float casts of the delta codecs), through :func:`to_torch` and
+:func:`from_torch`, which share memory and never copy.
+
+>>> dtype_of("bfloat16") is BFLOAT16, dtype_name(np.dtype(np.float32)), dtype_name(BFLOAT16)
+(True, 'float32', 'bfloat16')
+>>> is_float(BFLOAT16), is_float(np.dtype(np.int16)), bits_dtype(np.dtype(np.float32))
+(True, False, dtype('int32'))
+>>> from_torch(to_torch(np.arange(3.0, dtype=BFLOAT16))).tolist()
+[0.0, 1.0, 2.0]
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import ml_dtypes
+import numpy as np
+
+from .manifest import DTYPES as DTYPE_NAMES
+
+if TYPE_CHECKING:
+    import torch
+
+#: numpy has no bfloat16 of its own.
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+#: Every dtype a leaf obsdelta encodes or stores may have, by its name in the metadata (the
+#: names torch and numpy share).
+DTYPES: dict[str, np.dtype] = {
+    name: BFLOAT16 if name == "bfloat16" else np.dtype(name) for name in sorted(DTYPE_NAMES)
+}
+_SIGNED: dict[int, np.dtype] = {size: np.dtype(f"int{8 * size}") for size in (1, 2, 4, 8)}
+
+
+def dtype_of(name: str) -> np.dtype:
+    """The dtype named ``name`` in the metadata (``KeyError`` for any other name)."""
+    return DTYPES[name]
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """The metadata's name of ``dtype`` (``float32``, ``bfloat16``, ``bool``)."""
+    return np.dtype(dtype).name
+
+
+def is_float(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` is a floating-point type (bfloat16 included)."""
+    return dtype.kind == "f" or dtype == BFLOAT16
+
+
+def bits_dtype(dtype: np.dtype) -> np.dtype:
+    """The signed integer dtype of ``dtype``'s size: a view through it compares bit patterns
+    (NaN payloads, signed zeros) where ``==`` compares values."""
+    return _SIGNED[dtype.itemsize]
+
+
+def float_info(dtype: np.dtype) -> Any:
+    """``finfo`` of a float dtype, bfloat16 included."""
+    return ml_dtypes.finfo(dtype) if dtype == BFLOAT16 else np.finfo(dtype)
+
+
+#: torch threads a running command wants (``None``: torch's own choice); see
+#: :func:`torch_module`.
+torch_threads: int | None = None
+#: torch's own thread count, as it was when :func:`torch_module` imported it.
+torch_default_threads: int | None = None
+
+
+def torch_module() -> Any:
+    """torch, imported on first use as start-up should (signals held back, the collector
+    paused: see :func:`obsdelta_cli.batch.import_heavy`), with the running command's thread
+    count."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        from .batch import import_heavy
+
+        torch = import_heavy("torch")
+        global torch_default_threads
+        torch_default_threads = torch.get_num_threads()
+        if torch_threads is not None:
+            torch.set_num_threads(torch_threads)
+    return torch
+
+
+def torch_dtype(dtype: np.dtype) -> torch.dtype:
+    """The torch dtype of ``dtype`` (imports torch)."""
+    return getattr(torch_module(), dtype_name(dtype))
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """The dtype of torch dtype ``dtype``."""
+    return dtype_of(str(dtype).removeprefix("torch."))
+
+
+def to_torch(a: np.ndarray) -> torch.Tensor:
+    """``a`` as a tensor sharing its memory (imports torch). A read-only array gives a tensor
+    that must not be written (torch has no read-only tensors)."""
+    torch = torch_module()
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        if a.dtype == BFLOAT16:
+            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(a)
+
+
+def from_torch(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor as an array sharing its memory."""
+    torch = torch_module()
+
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(BFLOAT16)
+    return t.numpy()
+
+
+def is_tensor(x: object) -> bool:
+    """Whether ``x`` is a torch tensor, without importing torch."""
+    return type(x).__module__.startswith("torch") and hasattr(x, "numpy")
