@@ -230,13 +230,16 @@ def inputs(root: Path, args: argparse.Namespace) -> list[PackInput]:
     ]
     realistic = [spec for spec in realistic if not args.only or spec[0] in args.only]
     items = [built(root, *spec) for spec in realistic]
-    if args.quick or args.only:
+    if args.quick:
         return items
     pong = f"Pong, {args.pong_steps:,} real ale-py steps (210x160 grayscale), TED memmap"
-    items.append(
-        built(root, f"pong-{args.pong_steps}", pong, "", lambda p: pong_ted(args.pong_steps, p))
-    )
+    if not args.only or "pong" in args.only:
+        items.append(
+            built(root, f"pong-{args.pong_steps}", pong, "", lambda p: pong_ted(args.pong_steps, p))
+        )
     for layout, name in ((D4RL, "D4RL HDF5 (contiguous)"), (TED, "TED memmap")):
+        if args.only and f"{layout}-large" not in args.only:
+            continue
         item = ensure_input(root, layout, args.large_gb, 21 if layout == D4RL else 22)
         items.append(large(item, f"Hopper {name}, {item.bytes / MB:,.0f} MB, {item.rows:,} rows"))
     return items
@@ -274,7 +277,7 @@ def main() -> None:
         "--only",
         nargs="+",
         metavar="NAME",
-        help="only these inputs of realistic size (implies --quick)",
+        help="only these inputs: names of realistic size, pong, d4rl-large, ted-large",
     )
     args = parser.parse_args()
     if shutil.which("zstd") is None:

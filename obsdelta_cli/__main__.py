@@ -33,7 +33,7 @@ def main() -> None:
     """Console-script entry point."""
     # numpy's OpenBLAS starts a thread per core at import, and numpy's import self-test sets
     # them spinning: ~0.05 s of CPU per process, taken from the other worker under --jobs.
-    # obsdelta makes no numpy BLAS call (its matrix products are torch's, on torch's threads).
+    # obsdelta's one BLAS call, a matrix-vector product of narrow rows, is too small to share.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     interrupts.install()
     try:
