@@ -21,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
 
-from . import arrays, interrupts
+from . import interrupts
 from .atomic import clean_after_killed, release_locks
 from .errors import ObsdeltaError, OutputError, UsageError
 from .report import DatasetResult
@@ -145,6 +145,8 @@ def _init_worker(threads: int) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by _spawn
     signal.signal(signal.SIGTERM, _worker_sigterm)
     interrupts.quiet_in_finalizers()
+    from . import arrays  # numpy: not for --version and --help, which import this module
+
     # Workers share the cores: one pool of torch threads each (where a codec imports torch for
     # its casts) would oversubscribe them.
     arrays.torch_threads = threads

@@ -20,7 +20,7 @@ from obsdelta_cli.formats.hdf5 import H5_COMPRESSIONS
 from .conftest import SAMPLE, Cli
 
 COMMANDS = ["compress", "report", "inflate", "verify"]  # the order their examples chain in
-HEAVY = ("torch", "tensordict", "h5py")
+HEAVY = ("torch", "tensordict", "h5py", "numpy", "ml_dtypes")
 
 
 def _help(*args: str, columns: int = 80) -> str:
