@@ -386,3 +386,35 @@ def test_zeroed_pages_and_truncations_are_caught(
             elif p.exists():
                 p.unlink()
     assert bad == []
+
+
+def _twins(f: h5py.File) -> list[str]:
+    names: list[str] = []
+    f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+    return [n for n in names if n.startswith("obsdelta/layout/")]
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_a_changed_twin_of_a_replaced_dataset_is_caught(
+    pack: bool, hopper: TensorDictBase, tmp_path: Path
+) -> None:
+    """``inflate`` recreates each replaced next-observation dataset from its empty twin: a twin
+    whose creation properties changed (here its gzip filter dropped, by a flipped bit in its
+    header in the fault runs) would give the dataset back uncompressed, values intact."""
+    src = WRITERS["robomimic-hdf5"](hopper[:600].clone(), tmp_path / "in")
+    small = tmp_path / ("small.h5" if pack else "small.hdf5")
+    compress(src, small, codec="fp16", pack=pack)
+    with h5py.File(small, "r+") as f:
+        name = _twins(f)[0]
+        twin = f[name]
+        assert twin.compression == "gzip"  # as the input's next observations
+        shape, dtype, maxshape, chunks = twin.shape, twin.dtype, twin.maxshape, twin.chunks
+        attrs = dict(twin.attrs)
+        del f[name]
+        plain = f.create_dataset(name, shape=shape, dtype=dtype, maxshape=maxshape, chunks=chunks)
+        plain.attrs.update(attrs)
+    with pytest.raises(ObsdeltaError, match="obsdelta/layout/"):
+        verify(small)
+    with pytest.raises(ObsdeltaError, match="obsdelta/layout/"):
+        inflate(small, tmp_path / "back.hdf5")
+    assert not (tmp_path / "back.hdf5").exists()

@@ -30,6 +30,9 @@ OWN = "obsdelta"
 #: one per dataset: read by path when a dataset is unpacked, and left out of walks, which open
 #: what they list (HDF5 holds about 13 KB for each open dataset).
 LAYOUT_TWINS = f"{OWN}/pack/layout"
+#: Empty datasets with the creation properties and attributes of each next-observation dataset
+#: a compressed HDF5 file replaced: ``inflate`` recreates the dataset from its twin.
+REPLACED_TWINS = f"{OWN}/layout"
 #: Attribute marking a uint16 dataset that holds bfloat16 bits (numpy has no bfloat16).
 BF16_ATTR = "obsdelta_dtype"
 #: Attribute of obsdelta's opaque arrays: the dtype of their values, by its metadata name.

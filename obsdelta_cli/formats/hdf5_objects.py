@@ -15,7 +15,7 @@ import xxhash
 
 from .apart import SILENCE_SECONDS, apart, beat
 from .direct import PIECE, ColdReads
-from .hdf5_leaves import META_ATTR, OWN, objects_of
+from .hdf5_leaves import META_ATTR, OWN, REPLACED_TWINS, objects_of
 
 
 def hash_objects(
@@ -26,7 +26,9 @@ def hash_objects(
 ) -> dict[str, str]:
     """xxh3-64 of every dataset as stored (creation properties and raw chunks, never
     decompressed) and of every object's attributes, for the objects ``skip`` keeps; ``known``
-    gives the hashes of datasets already hashed as they were written."""
+    gives the hashes of datasets already hashed as they were written. Of obsdelta's own
+    objects, the twins ``inflate`` recreates replaced datasets from are hashed too: their
+    creation properties and attributes become the output's."""
     known = known or {}
     out = {"@": attrs_hash(f, exclude=META_ATTR)}
     fd = os.open(file, os.O_RDONLY)
@@ -34,7 +36,8 @@ def hash_objects(
     try:
         for name, obj in objects_of(f):
             beat()
-            if name == OWN or name.startswith(f"{OWN}/") or skip(name):
+            own = name == OWN or name.startswith(f"{OWN}/")
+            if (own and not is_replaced_twin(name)) or skip(name):
                 continue
             if isinstance(obj, h5py.Dataset):
                 out[name] = known.get(name) or _raw_hash(obj, fd, cold)
@@ -44,6 +47,15 @@ def hash_objects(
         cold.close()
         os.close(fd)
     return out
+
+
+def is_replaced_twin(name: str) -> bool:
+    """Whether ``name`` is under :data:`~.hdf5_leaves.REPLACED_TWINS` (``@name`` included).
+
+    >>> is_replaced_twin("obsdelta/layout/next_observations"), is_replaced_twin("@obsdelta")
+    (True, False)
+    """
+    return name.lstrip("@").startswith(f"{REPLACED_TWINS}/")
 
 
 def hash_objects_apart(
