@@ -39,7 +39,9 @@ def hash_objects(
             own = name == OWN or name.startswith(f"{OWN}/")
             if (own and not is_replaced_twin(name)) or skip(name):
                 continue
-            if isinstance(obj, h5py.Dataset):
+            if isinstance(obj, h5py.Dataset) and own:
+                out[name] = _twin_hash(obj)
+            elif isinstance(obj, h5py.Dataset):
                 out[name] = known.get(name) or _raw_hash(obj, fd, cold)
             if len(obj.attrs):  # an attribute added to an object without any is still caught
                 out[f"@{name}"] = attrs_hash(obj)
@@ -79,6 +81,14 @@ def attrs_hash(obj: Any, exclude: str | None = None) -> str:
         h.update(f"{name}\0{value.dtype.str}\0{value.shape}\0".encode())
         h.update(obj.attrs.get_id(name).get_type().encode())  # how the stored bytes read
         h.update(repr(value.tolist()).encode() if value.dtype.kind == "O" else value.tobytes())
+    return h.hexdigest()
+
+
+def _twin_hash(ds: h5py.Dataset) -> str:
+    """A twin of a replaced dataset: what it is, and that it stores nothing (its chunks are
+    never read: h5py's read of a chunk never written may size its buffer from garbage)."""
+    h = header_hash(ds)
+    h.update(f"stored {ds.id.get_storage_size()}".encode())
     return h.hexdigest()
 
 
