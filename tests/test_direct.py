@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 from obsdelta_cli import compress, verify
 from obsdelta_cli.formats import direct
 from obsdelta_cli.formats.direct import ALIGN, ColdReads
+from obsdelta_cli.formats.hdf5_copy import RawCopies
 from obsdelta_cli.formats.hdf5_leaves import H5Leaf
 from obsdelta_cli.formats.hdf5_objects import hash_objects
 from obsdelta_cli.formats.leaf import read_exact
@@ -267,8 +269,8 @@ def _direct_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     made: list[int] = []
     original = ColdReads.read_direct
 
-    def spy(self: ColdReads, offset: int, nbytes: int) -> Any:
-        got = original(self, offset, nbytes)
+    def spy(self: ColdReads, offset: int, nbytes: int, into: Any = None) -> Any:
+        got = original(self, offset, nbytes, into)
         made.append(0 if got is None else nbytes)
         return got
 
@@ -301,3 +303,112 @@ def test_hdf5_objects_out_of_memory_hash_as_they_do_in_memory(
         cold = hash_objects(f, src, lambda name: False)
     assert sum(made) > 0
     assert cold == warm
+
+
+@pytest.fixture
+def windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows of 1 MiB (the test file is 3 MiB), in a set of their own."""
+    monkeypatch.setattr(direct, "WINDOW", 1 << 20)
+    monkeypatch.setattr(direct, "_windows", direct._Windows())
+
+
+@pytest.mark.usefixtures("windows")
+def test_reads_in_order_are_read_a_window_at_a_time(
+    data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream's reads (each overlapping the last by a row, none a divisor of the window) are
+    served from windows read whole, the next one read ahead: every byte read from the disk
+    once, apart from the first read, made as asked."""
+    whole = data.read_bytes()
+    made = _direct_reads(monkeypatch)
+    step, overlap = 300_001, 44
+    with _opened(data) as (fd, reads):
+        _evict(data)
+        offset, got = 0, []
+        while offset < SIZE:
+            nbytes = min(step, SIZE - offset)
+            got.append((offset, read_exact(fd, offset, nbytes, str(data), reads)))
+            offset += nbytes - overlap if offset + nbytes < SIZE else nbytes
+    for offset, array in got:
+        assert bytes(array) == whole[offset : offset + len(array)]
+    assert made[0] == step  # the first read follows none
+    assert len(made) <= 2 + -(-SIZE // direct.WINDOW)  # not one read per read asked (11)
+    assert sum(made) <= SIZE + step  # nothing read twice but the first read
+
+
+@pytest.mark.usefixtures("windows")
+def test_a_read_that_follows_none_is_made_as_asked(
+    data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = _direct_reads(monkeypatch)
+    with _opened(data) as (fd, reads):
+        _evict(data)
+        for offset in (2 << 20, 0, 1 << 20, (1 << 20) - ALIGN):  # none starts in an earlier one
+            read_exact(fd, offset, 1 << 18, str(data), reads)
+    assert made == [1 << 18] * 4
+
+
+def test_closing_takes_no_lock(data: Path) -> None:
+    """A file's reads are closed when its leaf is collected, which may happen while this thread
+    holds the windows' lock (a collection run inside a window lookup): closing must not wait
+    for it."""
+    fd = os.open(data, os.O_RDONLY)
+    reads = ColdReads(fd)
+    closed = threading.Event()
+
+    def close_under_the_lock() -> None:
+        with direct._windows.lock:
+            reads.close()
+            closed.set()
+
+    worker = threading.Thread(target=close_under_the_lock, daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    os.close(fd)
+    assert closed.is_set()
+
+
+def test_raw_copies_of_an_input_out_of_memory_are_read_directly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The datasets copied whole are read past the page cache (the kernel's copy would read
+    them through it, a few hundred KB at a time), and the output is the same file."""
+    if not _direct_works(tmp_path):
+        pytest.skip("the file system of the test folder refuses O_DIRECT (tmpfs)")
+    rows = 200_000
+    rng = np.random.default_rng(2)
+    obs = rng.standard_normal((rows + 1, 11), dtype=np.float32)
+    src = tmp_path / "in.hdf5"
+    with h5py.File(src, "w") as f:
+        f["observations"], f["next_observations"] = obs[:-1], obs[1:]
+        f["actions"] = rng.standard_normal((rows, 3))  # float64, 4.8 MB: copied raw
+        f["qpos"] = rng.standard_normal((rows, 6))
+        f["rewards"] = rng.standard_normal(rows, dtype=np.float32)
+        f["terminals"] = np.zeros(rows, dtype=bool)
+        f["timeouts"] = np.arange(rows) % 1000 == 999
+    compress(src, tmp_path / "warm.h5", codec="exact")
+    jobs: list[int] = []
+    original_copy = RawCopies._copy
+
+    def copy_spy(self: RawCopies, fd: int, cold: ColdReads, s: int, d: int, n: int) -> None:
+        jobs.append(n)
+        original_copy(self, fd, cold, s, d, n)
+
+    monkeypatch.setattr(RawCopies, "_copy", copy_spy)
+    by_thread: list[tuple[str, int]] = []
+    original = ColdReads.read_direct
+
+    def spy(self: ColdReads, offset: int, nbytes: int, into: Any = None) -> Any:
+        got = original(self, offset, nbytes, into)
+        by_thread.append((threading.current_thread().name, 0 if got is None else nbytes))
+        return got
+
+    monkeypatch.setattr(ColdReads, "read_direct", spy)
+    _evict(src)
+    compress(src, tmp_path / "cold.h5", codec="exact")
+    assert sum(jobs) == rows * (3 + 6) * 8  # actions and qpos
+    # Most of it: pages the kernel read ahead of HDF5's reads of the file's metadata are in
+    # memory, and copied from there (the kernel's copy without this read none past the cache).
+    assert sum(n for name, n in by_thread if name == "obsdelta-copy") >= sum(jobs) // 2
+    assert (tmp_path / "cold.h5").read_bytes() == (tmp_path / "warm.h5").read_bytes()
+    verify(tmp_path / "cold.h5")

@@ -10,6 +10,13 @@ pages are cached is asked of the kernel (``mincore`` on a mapping that is never 
 costs no memory). Where ``O_DIRECT`` is refused (tmpfs, some network file systems), every read
 is buffered.
 
+A run of reads that follow one another (a stream's chunks of a dataset) is read a
+:data:`WINDOW` at a time into buffers reused for the whole process, and served from them: one
+``O_DIRECT`` read of 1 MiB at a time ran at 0.97 GB/s on the README's benchmark machine, of 16
+MiB at 2.1 GB/s, the disk's speed (more reads in flight at once did not help; reading into
+memory not touched before ran at 0.45 GB/s, its pages faulted in one by one). A read that
+follows none is made as asked.
+
 >>> import tempfile
 >>> with tempfile.NamedTemporaryFile() as f:
 ...     _ = f.write(bytes(range(256)) * 4096); f.flush()
@@ -20,11 +27,16 @@ b'\\x88\\x89\\x8a'
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import errno
+import itertools
 import mmap
 import os
 import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -38,9 +50,123 @@ ALIGN = 4096
 PIECE = 1 << 20
 #: Reads smaller than this are buffered: the kernel's read-ahead already serves them well.
 MIN_DIRECT = 1 << 18
+#: Bytes read at once past the page cache for a read that continues an earlier one.
+WINDOW = 8 << 20
+#: Windows kept in the process (the most recently read): two for each stream of reads (the one
+#: read from, the next one read ahead), such as a dataset and its next observations read side
+#: by side. Their buffers take ``WINDOW * WINDOWS`` bytes at most, allocated as needed and kept.
+WINDOWS = 8
 
 _PAGE = mmap.PAGESIZE
 _libc: ctypes.CDLL | None = None
+
+
+class _Window:
+    """A buffer for ``length`` bytes of one file from ``offset`` (``data``, once read), of the
+    :class:`ColdReads` numbered ``owner`` (0: none); ``filling`` while read in the background."""
+
+    def __init__(self) -> None:
+        # Mapped, so page-aligned; its pages are faulted in once, by the first read into it.
+        self.buffer = np.frombuffer(mmap.mmap(-1, WINDOW + ALIGN), dtype=np.uint8)
+        self.data: np.ndarray | None = None
+        self.owner = self.offset = self.length = 0
+        self.filling: Future[None] | None = None
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+
+class _Windows:
+    """The process's windows, least recently used first, and the thread that reads ahead."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.kept: list[_Window] = []
+        self.made = 0
+        self._reader: ThreadPoolExecutor | None = None
+
+    def copy(self, owner: int, offset: int, nbytes: int) -> np.ndarray | bool:
+        """A copy of ``nbytes`` at ``offset`` from windows of ``owner``'s that follow one
+        another (waiting for one being read); else whether the read starts in one of them (and
+        so continues it)."""
+        end = offset + nbytes
+        while True:
+            with self.lock:
+                parts: list[tuple[_Window, np.ndarray]] = []
+                at, filling = offset, None
+                while at < end:
+                    w = self._holding(owner, at)
+                    if w is None or w.filling is not None or w.data is None:
+                        filling = None if w is None else w.filling
+                        break
+                    parts.append((w, w.data))
+                    at = w.end
+                if filling is None:
+                    if at < end or not parts:
+                        return bool(parts) or self._holding(owner, offset) is not None
+                    out = np.empty(nbytes, dtype=np.uint8)
+                    for w, data in parts:
+                        lo, hi = max(offset, w.offset), min(end, w.end)
+                        out[lo - offset : hi - offset] = data[lo - w.offset : hi - w.offset]
+                        self.kept.remove(w)
+                        self.kept.append(w)
+                    return out
+            filling.result()  # outside the lock; then copy under it (the window may go)
+
+    def _holding(self, owner: int, offset: int) -> _Window | None:
+        """``owner``'s window holding the byte at ``offset`` (being read or not)."""
+        return next((w for w in self.kept if w.owner == owner and w.offset <= offset < w.end), None)
+
+    def take(self, owner: int, offset: int, length: int) -> _Window | None:
+        """A window reserved for ``length`` bytes at ``offset``: a new one while fewer than
+        :data:`WINDOWS` exist, else the least recently used not being read; ``None`` if one
+        holds ``offset`` already, or every one is being read."""
+        with self.lock:
+            if self._holding(owner, offset) is not None:
+                return None
+            w: _Window | None = None
+            if self.made < WINDOWS:
+                self.made += 1
+                w = _Window()
+            else:
+                w = next((k for k in self.kept if k.filling is None), None)
+                if w is None:
+                    return None
+                self.kept.remove(w)
+            w.owner, w.offset, w.length, w.data = owner, offset, length, None
+            self.kept.append(w)
+            return w
+
+    def ahead(self, w: _Window, fill: Callable[[], np.ndarray | None]) -> None:
+        """Read ``w`` in the background with ``fill``."""
+        with self.lock:
+            if self._reader is None:
+                self._reader = ThreadPoolExecutor(1, thread_name_prefix="obsdelta-read-ahead")
+            w.filling = self._reader.submit(self.fill, w, fill)
+
+    def fill(self, w: _Window, fill: Callable[[], np.ndarray | None]) -> None:
+        try:
+            data = fill()
+        except OSError:
+            data = None  # the caller's own read then meets the error and reports it
+        with self.lock:
+            w.data, w.filling = data, None
+            if data is None:
+                w.owner = 0
+
+
+_windows = _Windows()
+
+
+def _fresh_windows() -> None:
+    """A forked child has none of the parent's threads, and maybe a lock taken at the fork."""
+    global _windows
+    _windows = _Windows()
+
+
+os.register_at_fork(after_in_child=_fresh_windows)
+_numbers = itertools.count(1)
 
 
 def _c() -> ctypes.CDLL | None:
@@ -67,6 +193,9 @@ class ColdReads:
         self.size = os.fstat(fd).st_size
         self.direct_fd = -1
         self.base: int | None = None
+        #: ``(start, end)`` of recent direct reads: a read starting in one continues it.
+        self._spans: collections.deque[tuple[int, int]] = collections.deque(maxlen=8)
+        self._number = next(_numbers)  # its windows' owner (a reference would keep it alive)
         libc = _c()
         if libc is None or self.size < MIN_DIRECT or not hasattr(os, "O_DIRECT"):
             return
@@ -112,22 +241,61 @@ class ColdReads:
 
     def read(self, offset: int, nbytes: int) -> np.ndarray | None:
         """``nbytes`` at ``offset`` read with ``O_DIRECT`` if the read is large and not all its
-        pages are cached; ``None`` if it should be buffered."""
-        if not self.usable or nbytes < MIN_DIRECT or self.cached(offset, nbytes):
+        pages are cached (through a window, where it continues earlier reads; the window after
+        it is then read in the background); ``None`` if it should be buffered."""
+        if not self.usable or nbytes < MIN_DIRECT:
             return None
-        return self.read_direct(offset, nbytes)
+        got = _windows.copy(self._number, offset, nbytes)
+        if isinstance(got, np.ndarray):
+            self._read_ahead(offset + nbytes)
+            return got
+        follows = got or any(a < offset <= b for a, b in list(self._spans))
+        if self.cached(offset, nbytes):
+            return None
+        self._spans.append((offset, offset + nbytes))
+        size = min(WINDOW, self.size - offset)
+        w = _windows.take(self._number, offset, size) if follows and size > nbytes else None
+        if w is None:
+            return self.read_direct(offset, nbytes)
+        _windows.fill(w, lambda: self.read_direct(offset, size, into=w.buffer))
+        got = _windows.copy(self._number, offset, nbytes)
+        if not isinstance(got, np.ndarray):
+            return None  # refused: buffered reads from now on
+        self._read_ahead(offset + nbytes)
+        return got
 
-    def read_direct(self, offset: int, nbytes: int) -> np.ndarray | None:
-        """``nbytes`` at ``offset`` with ``O_DIRECT``, as a uint8 view into an aligned buffer;
-        ``None`` (and buffered reads from now on) if the file system refuses it."""
+    def _read_ahead(self, offset: int) -> None:
+        """Read the window after the one ``offset`` (just past a read) ends, in the background,
+        unless it is read already, or cached."""
+        with _windows.lock:
+            here = _windows._holding(self._number, offset - 1)
+        if here is None or here.end >= self.size:
+            return
+        start = here.end
+        size = min(WINDOW, self.size - start)
+        if self.cached(start, size):
+            return
+        w = _windows.take(self._number, start, size)
+        if w is not None:
+            _windows.ahead(w, lambda: self.read_direct(start, size, into=w.buffer))
+
+    def read_direct(
+        self, offset: int, nbytes: int, into: np.ndarray | None = None
+    ) -> np.ndarray | None:
+        """``nbytes`` at ``offset`` with ``O_DIRECT``, as a uint8 view into an aligned buffer
+        (``into``, page-aligned and large enough, if given); ``None`` (and
+        buffered reads from now on) if the file system refuses it."""
         if self.direct_fd < 0:
             return None
         head = offset % ALIGN
         start = offset - head
         span = -(-(head + nbytes) // ALIGN) * ALIGN
-        storage = np.empty(span + ALIGN, dtype=np.uint8)
-        skip = -storage.ctypes.data % ALIGN
-        buffer = storage[skip : skip + span]
+        if into is None:
+            storage = np.empty(span + ALIGN, dtype=np.uint8)
+            skip = -storage.ctypes.data % ALIGN
+            buffer = storage[skip : skip + span]
+        else:
+            buffer = into[:span]
         view = buffer.data
         done = 0
         try:
@@ -150,6 +318,10 @@ class ColdReads:
 
     def close(self) -> None:
         """Close the second descriptor and unmap (the caller's descriptor stays open)."""
+        # Its windows are left to be reused: none can serve another file (the numbers are
+        # never reused), and taking the lock here could deadlock (a collection run while the
+        # lock is held calls this). A read of them in the background ends with an error, kept
+        # to itself, once the descriptor is closed.
         self._stop_direct()
         base, self.base = self.base, None
         libc = _c()
