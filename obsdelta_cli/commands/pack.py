@@ -10,6 +10,7 @@ inflates it: the original container comes back, checked by the inner container's
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -134,12 +135,20 @@ def compress_packed(
                 pack(source, fmt.name, manifest_of(source), tmp, Chooser(), flat=flat)
             finally:
                 fmt.close(source)
-        finally:
+        except BaseException:
             _remove(work)
-        writing = write_back(tmp)  # to disk while it is verified
-        if verify:
-            verify_written(tmp, chunk_mb)
-        writing.join()
+            raise
+        # Deleting the working folder (the kernel freeing its pages: 0.05-0.08 s for the 290 MB
+        # of a 500 MB D4RL file's) overlaps the verification.
+        removing = threading.Thread(target=_remove, args=(work,), name="obsdelta-remove")
+        removing.start()
+        try:
+            writing = write_back(tmp)  # to disk while it is verified
+            if verify:
+                verify_written(tmp, chunk_mb)
+            writing.join()
+        finally:
+            removing.join()
     note = PACKED if result.keys else ONLY_FILTERED
     note += FLAT_NOTE if flat else flat_hint(input, name)
     return replace(result, output=str(output), bytes_after=disk_size(output), note=note)
