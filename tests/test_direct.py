@@ -412,3 +412,26 @@ def test_raw_copies_of_an_input_out_of_memory_are_read_directly(
     assert sum(n for name, n in by_thread if name == "obsdelta-copy") >= sum(jobs) // 2
     assert (tmp_path / "cold.h5").read_bytes() == (tmp_path / "warm.h5").read_bytes()
     verify(tmp_path / "cold.h5")
+
+
+def test_a_window_being_read_is_neither_taken_nor_read_from(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """From the moment a read reserves a window until its bytes are in: another read cannot
+    take it for other bytes (which would land in the same buffer), and one that wants its
+    bytes waits for them."""
+    monkeypatch.setattr(direct, "WINDOWS", 1)
+    windows = direct._Windows()
+    w = windows.take(1, 0, 4096)
+    assert w is not None
+    assert windows.take(2, 0, 4096) is None  # the only window is being read
+    got: list[Any] = []
+    waiting = threading.Thread(target=lambda: got.append(windows.copy(1, 100, 10)), daemon=True)
+    waiting.start()
+    waiting.join(timeout=0.3)
+    assert waiting.is_alive() and not got  # it waits for the bytes
+    data = np.arange(4096, dtype=np.uint32).astype(np.uint8)
+    windows.fill(w, lambda: data)
+    waiting.join(timeout=10)
+    assert got and bytes(got[0]) == bytes(data[100:110])
+    assert windows.take(2, 0, 4096) is w  # read: free to be taken again

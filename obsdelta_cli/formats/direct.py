@@ -119,9 +119,9 @@ class _Windows:
         return next((w for w in self.kept if w.owner == owner and w.offset <= offset < w.end), None)
 
     def take(self, owner: int, offset: int, length: int) -> _Window | None:
-        """A window reserved for ``length`` bytes at ``offset``: a new one while fewer than
-        :data:`WINDOWS` exist, else the least recently used not being read; ``None`` if one
-        holds ``offset`` already, or every one is being read."""
+        """A window reserved for ``length`` bytes at ``offset``, to be given to :meth:`fill`: a
+        new one while fewer than :data:`WINDOWS` exist, else the least recently used not being
+        read; ``None`` if one holds ``offset`` already, or every one is being read."""
         with self.lock:
             if self._holding(owner, offset) is not None:
                 return None
@@ -134,26 +134,36 @@ class _Windows:
                 if w is None:
                     return None
                 self.kept.remove(w)
+            # Being read from now on: no other thread may take it, or read from it, until
+            # :meth:`fill` has run.
             w.owner, w.offset, w.length, w.data = owner, offset, length, None
+            w.filling = Future()
             self.kept.append(w)
             return w
 
     def ahead(self, w: _Window, fill: Callable[[], np.ndarray | None]) -> None:
-        """Read ``w`` in the background with ``fill``."""
+        """:meth:`fill` ``w`` in the background."""
         with self.lock:
             if self._reader is None:
                 self._reader = ThreadPoolExecutor(1, thread_name_prefix="obsdelta-read-ahead")
-            w.filling = self._reader.submit(self.fill, w, fill)
+            reader = self._reader
+        reader.submit(self.fill, w, fill)
 
     def fill(self, w: _Window, fill: Callable[[], np.ndarray | None]) -> None:
+        """Read a window :meth:`take` reserved with ``fill`` (into its buffer), then let the
+        threads waiting for it go on; a failed read leaves it empty."""
+        data = None
         try:
             data = fill()
         except OSError:
-            data = None  # the caller's own read then meets the error and reports it
-        with self.lock:
-            w.data, w.filling = data, None
-            if data is None:
-                w.owner = 0
+            pass  # the caller's own read then meets the error and reports it
+        finally:
+            with self.lock:
+                w.data, filling, w.filling = data, w.filling, None
+                if data is None:
+                    w.owner = 0
+            if filling is not None:
+                filling.set_result(None)
 
 
 _windows = _Windows()
