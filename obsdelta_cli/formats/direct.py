@@ -61,13 +61,18 @@ _PAGE = mmap.PAGESIZE
 _libc: ctypes.CDLL | None = None
 
 
+def mapped_buffer(nbytes: int) -> np.ndarray:
+    """``nbytes`` of memory mapped for the purpose, so page-aligned, as ``O_DIRECT`` needs; its
+    pages are faulted in once, by the first read into it, so it pays to keep it."""
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)
+
+
 class _Window:
     """A buffer for ``length`` bytes of one file from ``offset`` (``data``, once read), of the
     :class:`ColdReads` numbered ``owner`` (0: none); ``filling`` while read in the background."""
 
     def __init__(self) -> None:
-        # Mapped, so page-aligned; its pages are faulted in once, by the first read into it.
-        self.buffer = np.frombuffer(mmap.mmap(-1, WINDOW + ALIGN), dtype=np.uint8)
+        self.buffer = mapped_buffer(WINDOW + ALIGN)
         self.data: np.ndarray | None = None
         self.owner = self.offset = self.length = 0
         self.filling: Future[None] | None = None
@@ -113,6 +118,16 @@ class _Windows:
                         self.kept.append(w)
                     return out
             filling.result()  # outside the lock; then copy under it (the window may go)
+
+    def next_start(self, owner: int, offset: int) -> int | None:
+        """Where the window after ``owner``'s one holding the byte before ``offset`` (the end
+        of a read) would start; ``None`` if there is no such window, or the next one is
+        there already."""
+        with self.lock:
+            here = self._holding(owner, offset - 1)
+            if here is None or self._holding(owner, here.end) is not None:
+                return None
+            return here.end
 
     def _holding(self, owner: int, offset: int) -> _Window | None:
         """``owner``'s window holding the byte at ``offset`` (being read or not)."""
@@ -270,18 +285,16 @@ class ColdReads:
         _windows.fill(w, lambda: self.read_direct(offset, size, into=w.buffer))
         got = _windows.copy(self._number, offset, nbytes)
         if not isinstance(got, np.ndarray):
-            return None  # refused: buffered reads from now on
+            return None  # not read (refused, or the file ended early), or taken since: buffered
         self._read_ahead(offset + nbytes)
         return got
 
     def _read_ahead(self, offset: int) -> None:
         """Read the window after the one ``offset`` (just past a read) ends, in the background,
         unless it is read already, or cached."""
-        with _windows.lock:
-            here = _windows._holding(self._number, offset - 1)
-        if here is None or here.end >= self.size:
+        start = _windows.next_start(self._number, offset)
+        if start is None or start >= self.size:
             return
-        start = here.end
         size = min(WINDOW, self.size - start)
         if self.cached(start, size):
             return

@@ -37,6 +37,7 @@ from .hdf5_leaves import (
     MAGIC,
     META_ATTR,
     OWN,
+    REPLACED_TWINS,
     H5Arrays,
     H5Leaf,
     copy_attrs,
@@ -313,7 +314,7 @@ class HDF5Format(Format):
                     name, shape=spec.shape, dtype=dtype, chunks=chunks, track_times=False, **kwargs
                 )
         else:  # inflate: recreate the original from its recorded layout
-            layout = src.get(f"{OWN}/layout/{path}")
+            layout = src.get(f"{REPLACED_TWINS}/{path}")
             if layout is None:
                 ds = group.create_dataset(name, shape=spec.shape, dtype=dtype, track_times=False)
             else:
@@ -448,7 +449,7 @@ def _keep_layout(out: h5py.File, original: h5py.Dataset) -> None:
     if _is_plain(original):
         return
     path = original.name.lstrip("/")
-    parent, _, name = f"{OWN}/layout/{path}".rpartition("/")
+    parent, _, name = f"{REPLACED_TWINS}/{path}".rpartition("/")
     group = out.require_group(parent)
     dcpl = dcpl_like(original.id.get_create_plist(), True)
     chunked = dcpl.get_layout() == h5py.h5d.CHUNKED

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import math
-import mmap
 import os
 import threading
 from collections.abc import Iterable, Sequence
@@ -22,7 +21,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from .direct import ALIGN, WINDOW, ColdReads
+from .direct import ALIGN, WINDOW, ColdReads, mapped_buffer
 from .hdf5_leaves import contiguous_span, copy_attrs
 from .hdf5_objects import hash_span, header_hash
 from .leaf import LazyLeaf, read_exact, write_exact
@@ -379,7 +378,7 @@ class RawCopies:
                 # Not in memory: read past the page cache, at the disk's speed (the kernel's
                 # copy reads it through the cache, a few hundred KB at a time).
                 if buffer is None:
-                    buffer = np.frombuffer(mmap.mmap(-1, WINDOW + ALIGN), dtype=np.uint8)
+                    buffer = mapped_buffer(WINDOW + ALIGN)
                 data = cold.read_direct(src + done, piece, into=buffer)
                 if data is not None:
                     write_exact(self.out_fd, dst + done, data)
