@@ -127,9 +127,18 @@ class DirectChunks:
     Made with :meth:`of`, which returns ``None`` for a dataset this does not apply to."""
 
     def __init__(
-        self, ds: h5py.Dataset, file: Path, fd: Callable[[], int], pipeline: Sequence[int]
+        self,
+        ds: h5py.Dataset,
+        file: Path,
+        fd: Callable[[], int],
+        pipeline: Sequence[int],
+        reopen: Callable[[], h5py.Dataset] | None = None,
     ) -> None:
-        self.ds, self.file, self._fd = ds, file, fd
+        # With ``reopen``, the dataset is asked for again when needed, not held.
+        self._ds: h5py.Dataset | None = ds if reopen is None else None
+        self._reopen = reopen
+        self.name: str = ds.name
+        self.file, self._fd = file, fd
         self.pipeline = tuple(pipeline)
         self.shape: tuple[int, ...] = tuple(ds.shape)
         self.chunks: tuple[int, ...] = tuple(ds.chunks)
@@ -145,10 +154,25 @@ class DirectChunks:
         self._stop = 0
         self._lock = threading.Lock()
 
+    @property
+    def ds(self) -> h5py.Dataset:
+        """The h5py dataset."""
+        if self._ds is not None:
+            return self._ds
+        assert self._reopen is not None
+        return self._reopen()
+
     @classmethod
-    def of(cls, ds: h5py.Dataset, file: Path, fd: Callable[[], int]) -> DirectChunks | None:
+    def of(
+        cls,
+        ds: h5py.Dataset,
+        file: Path,
+        fd: Callable[[], int],
+        reopen: Callable[[], h5py.Dataset] | None = None,
+    ) -> DirectChunks | None:
         """For a chunked dataset whose chunks can be decoded here (see the module), else
-        ``None``; ``fd`` gives a descriptor of ``file`` open read-only."""
+        ``None``; ``fd`` gives a descriptor of ``file`` open read-only; ``reopen``, where
+        given, gives ``ds`` again when it is needed (it is not held)."""
         try:
             plist = ds.id.get_create_plist()
             if plist.get_layout() != h5py.h5d.CHUNKED or not ds.ndim or not ds.size:
@@ -165,7 +189,7 @@ class DirectChunks:
                 return None
         except (TypeError, ValueError, RuntimeError, OSError):
             return None
-        return cls(ds, file, fd, pipeline)
+        return cls(ds, file, fd, pipeline, reopen)
 
     def _table(self) -> dict[Coord, Stored]:
         """Every stored chunk, from HDF5's chunk index in one walk."""
@@ -193,7 +217,7 @@ class DirectChunks:
         return InputError(
             f"cannot read the chunk at {list(coord)} ({why})",
             file=self.file,
-            key=self.ds.name.lstrip("/"),
+            key=self.name.lstrip("/"),
             hint="the file is damaged",
         )
 

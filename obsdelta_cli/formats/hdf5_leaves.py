@@ -7,6 +7,7 @@ import math
 import os
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,13 @@ class FileReads:
         self.fd = -1
         self.cold: ColdReads | None = None
         self._opening = threading.Lock()  # leaves are read from the read-ahead thread too
+        self._size: int | None = None
+
+    def file_size(self) -> int:
+        """The file's size, asked once of a file open read-only (it cannot change)."""
+        if self._size is None or not self.read_only:
+            self._size = self.file.stat().st_size
+        return self._size
 
     def open(self) -> tuple[int, ColdReads]:
         with self._opening:
@@ -147,8 +155,21 @@ class FileReads:
 class H5Leaf(LazyLeaf):
     """An h5py dataset read and written by row slices."""
 
-    def __init__(self, ds: h5py.Dataset, file: Path, reads: FileReads | None = None) -> None:
-        self.ds = ds
+    def __init__(
+        self,
+        ds: h5py.Dataset,
+        file: Path,
+        reads: FileReads | None = None,
+        owner: h5py.File | None = None,
+    ) -> None:
+        """``owner``: the File ``ds`` was opened from, where it is open read-only: the leaf
+        then holds no handle of its own, but asks the file's held objects (:class:`_Held`)
+        for one when it needs it, so that a file's thousands of leaves do not hold as many
+        open datasets."""
+        self._ds: h5py.Dataset | None = ds
+        self._held: tuple[_Held, str] | None = None
+        if owner is not None and owner.mode == "r":
+            self._ds, self._held = None, (_shared(owner).held, ds.name.lstrip("/"))
         self.file = file
         self.shape = tuple(ds.shape)
         self.bf16 = is_bf16(ds)
@@ -158,11 +179,25 @@ class H5Leaf(LazyLeaf):
         chunks = ds.chunks
         #: Rows per HDF5 chunk along the first dimension: reads aligned to it touch each chunk once.
         self.chunk_rows = chunks[0] if chunks else 1
+        self._filterable = chunks is not None  # only a chunked dataset has filters
+        self._stored = ds.dtype
         self._mapped: np.ndarray | bool | None = None
         self._offset: int | bool | None = None
         self._chunked: DirectChunks | bool | None = None
         # ``ds.file`` makes a new h5py File object, under h5py's lock, per call: asked once.
         self._reads = reads or FileReads(file, ds.file.mode == "r")
+        if self._held is not None:
+            self._raw_offset(ds)  # asked while the dataset is open: reads need no handle
+
+    @property
+    def ds(self) -> h5py.Dataset:
+        """The h5py dataset."""
+        if self._ds is not None:
+            return self._ds
+        assert self._held is not None
+        held, name = self._held
+        ds: h5py.Dataset = held.get(name)
+        return ds
 
     def storage_bytes(self) -> int:
         """Bytes the dataset takes in the file, after its filters."""
@@ -170,8 +205,8 @@ class H5Leaf(LazyLeaf):
 
     @property
     def changes_values(self) -> str | None:
-        if self.ds.chunks is None:
-            return None  # no filters
+        if not self._filterable:
+            return None
         if scale_offset(self.ds.id.get_create_plist()):
             return "is stored with HDF5's scale-offset filter, which rounds"
         return None
@@ -196,7 +231,8 @@ class H5Leaf(LazyLeaf):
         if self._chunked is None:
             chunked = None
             if self._reads.read_only and self.ds.chunks is not None:
-                chunked = DirectChunks.of(self.ds, self.file, self._reads.descriptor)
+                reopen = None if self._held is None else lambda: self.ds
+                chunked = DirectChunks.of(self.ds, self.file, self._reads.descriptor, reopen)
             self._chunked = chunked if chunked is not None else False
         return self._chunked if isinstance(self._chunked, DirectChunks) else None
 
@@ -208,7 +244,7 @@ class H5Leaf(LazyLeaf):
         if offset is None or not self._reads.read_only:
             return None
         fd, cold = self._reads.open()
-        row_bytes = math.prod(self.shape[1:]) * self.ds.dtype.itemsize
+        row_bytes = math.prod(self.shape[1:]) * self._stored.itemsize
         count = max(0, min(stop, self.shape[0]) - start)
         try:
             out = read_exact(
@@ -218,14 +254,16 @@ class H5Leaf(LazyLeaf):
             return None  # let HDF5 report it
         return out.view(self.dtype).reshape(count, *self.shape[1:])
 
-    def _raw_offset(self) -> int | None:
+    def _raw_offset(self, ds: h5py.Dataset | None = None) -> int | None:
         """Where the values of a contiguous (so unfiltered), native-order dataset start in the
-        file, if they lie inside it; ``None`` otherwise."""
+        file, if they lie inside it; ``None`` otherwise. ``ds``: the dataset, where the caller
+        has it open."""
         if self._offset is None:
             self._offset = False
-            span = contiguous_span(self.ds, self.file.stat().st_size)
-            if span is not None and self.ds.dtype.byteorder in "=<|":
-                self._offset = span[0]
+            if not self._filterable:  # a chunked dataset has no offset
+                span = contiguous_span(ds or self.ds, self._reads.file_size())
+                if span is not None and self._stored.byteorder in "=<|":
+                    self._offset = span[0]
         return self._offset if self._offset is not False else None
 
     def mapped(self) -> np.ndarray | None:
@@ -235,7 +273,7 @@ class H5Leaf(LazyLeaf):
             self._mapped = False
             offset = self._raw_offset()
             if offset is not None:
-                array = np.memmap(self.file, self.ds.dtype, "c", offset=offset, shape=self.shape)
+                array = np.memmap(self.file, self._stored, "c", offset=offset, shape=self.shape)
                 self._mapped = array.view(np.ndarray).view(self.dtype)
         return self._mapped if isinstance(self._mapped, np.ndarray) else None
 
@@ -273,16 +311,57 @@ class OpaqueLeaf(LazyLeaf):
         self.ds[start : start + len(value)] = raw.view(self.ds.dtype).reshape(-1)
 
 
+#: Objects of a file open read-only held open at once (:class:`_Held`): HDF5 keeps about 12.5
+#: KB for each open object, so 4,096 take about 50 MB. A file with fewer (a robomimic file of
+#: up to about 240 demos) is opened object by object once; one with more (34,000 objects in a
+#: robomimic file of 2,000 demos, 424 MB held open) has the least recently used closed.
+HELD = 4096
+
+
+class _Held:
+    """The objects of one h5py File open read-only, opened as asked and kept open, the
+    :data:`HELD` most recently used: a walk of the file, and every leaf of it, gets its objects
+    here instead of holding its own handles."""
+
+    def __init__(self, f: h5py.File) -> None:
+        self._file = weakref.ref(f)  # not kept alive by this: the entry goes with it
+        _, self._slots, self._nbytes, self._w0 = f.id.get_access_plist().get_cache()
+        self._open: OrderedDict[bytes, Any] = OrderedDict()
+        self._lock = threading.Lock()  # leaves are read from the read-ahead thread too
+
+    def get(self, name: str | bytes) -> Any:
+        """The object at ``name`` (a path from the root, without the leading slash)."""
+        raw = name.encode() if isinstance(name, str) else name
+        with self._lock:
+            obj = self._open.get(raw)
+            if obj is not None:
+                self._open.move_to_end(raw)
+                return obj
+        f = self._file()
+        assert f is not None  # asked through the File itself, or a leaf that holds it
+        with phil:
+            obj = _open(f, raw, True, self._slots, self._nbytes, self._w0)
+        with self._lock:
+            self._open[raw] = obj
+            closed = [self._open.popitem(last=False)[1] for _ in range(len(self._open) - HELD)]
+        # Closed here, out of the lock: h5py takes its own lock to close an object, and a
+        # thread holding that one may be waiting for this one.
+        del closed
+        return obj
+
+
 class _Shared:
     """What the readers of one h5py File open read-only share: its descriptor and reads (see
-    FileReads), and the walk of its objects, each made at the first call that needs it."""
+    FileReads), the names of its objects, walked at the first call that needs them, and the
+    objects held open (:class:`_Held`)."""
 
     def __init__(self, f: h5py.File) -> None:
         # Held by the leaves, not here: the descriptor closes when no leaf holds it any more.
         self._reads: weakref.ref[FileReads] | None = None
         self._file = weakref.ref(f)  # not kept alive by this: the entry goes with it
-        self._objects: list[tuple[str, Any]] | None = None
-        self._at: dict[str, Any] | None = None
+        self._names: list[bytes] | None = None
+        self._known: set[bytes] | None = None
+        self.held = _Held(f)
 
     def reads(self) -> FileReads:
         reads = None if self._reads is None else self._reads()
@@ -293,17 +372,22 @@ class _Shared:
             self._reads = weakref.ref(reads)
         return reads
 
-    def objects(self) -> list[tuple[str, Any]]:
-        if self._objects is None:
+    def names(self) -> list[bytes]:
+        if self._names is None:
             f = self._file()
             assert f is not None  # asked through the File itself
-            self._objects = list(_visit(f))
-        return self._objects
+            self._names = _names(f)
+        return self._names
+
+    def objects(self) -> Iterator[tuple[str, Any]]:
+        for raw in self.names():
+            yield _name(raw), self.held.get(raw)
 
     def at(self, path: str) -> Any:
-        if self._at is None:
-            self._at = dict(self.objects())
-        return self._at.get(path)
+        if self._known is None:
+            self._known = set(self.names())
+        raw = path.encode()
+        return self.held.get(raw) if raw in self._known else None
 
 
 #: By ``id`` of the h5py File open read-only; an entry goes with its File.
@@ -327,18 +411,27 @@ def file_reads(f: h5py.File) -> FileReads:
 
 def objects_of(f: h5py.File) -> Iterable[tuple[str, Any]]:
     """Every object below the root (groups and datasets, as h5py objects) but
-    :data:`LAYOUT_TWINS`, by path, in the order ``visititems`` visits them. A file open
-    read-only is walked once: its objects cannot change, and opening its leaves, checking its
-    objects and packing it each need them, while h5py takes about 60 µs to make each object
-    and a robomimic file has thousands. A file open for writing is walked afresh, an object at
-    a time: HDF5 holds about 13 KB for each open dataset, and hashing the 21,000 objects of a
-    robomimic output of 1,000 demos held 190 MB with all of them open at once."""
+    :data:`LAYOUT_TWINS`, by path, in the order ``visititems`` visits them. Each is opened as
+    the walk reaches it, and not held by the walk: HDF5 holds about 12.5 KB for each open
+    object, and a robomimic file of 2,000 demos has 34,000. A file open read-only is walked
+    once, its objects held open up to :data:`HELD` of them (:class:`_Held`): its objects
+    cannot change, and opening its leaves, checking its objects and packing it each need
+    them, while h5py takes 30-60 µs to open each. A file open for writing is walked afresh."""
     return _shared(f).objects() if f.mode == "r" else _visit(f)
 
 
 def object_at(f: h5py.File, path: str) -> Any:
     """``f.get(path)`` (no leading slash), from the walk of a file open read-only."""
     return _shared(f).at(path) if f.mode == "r" else f.get(path)
+
+
+def _names(f: h5py.File) -> list[bytes]:
+    """The names ``f.visititems`` visits, but those of :data:`LAYOUT_TWINS`."""
+    names: list[bytes] = []
+    with phil:
+        h5py.h5o.visit(f.id, names.append)
+    twins = LAYOUT_TWINS.encode()
+    return [raw for raw in names if not (raw == twins or raw.startswith(twins + b"/"))]
 
 
 def _visit(f: h5py.File) -> Iterator[tuple[str, Any]]:
@@ -348,13 +441,7 @@ def _visit(f: h5py.File) -> Iterator[tuple[str, Any]]:
     s against 0.17-0.32 s). Datasets get chunk caches sized by :func:`_cache_slots`."""
     readonly = f.mode == "r"
     _, slots, nbytes, w0 = f.id.get_access_plist().get_cache()
-    names: list[bytes] = []
-    with phil:
-        h5py.h5o.visit(f.id, names.append)
-    twins = LAYOUT_TWINS.encode()
-    for raw in names:
-        if raw == twins or raw.startswith(twins + b"/"):
-            continue
+    for raw in _names(f):
         with phil:  # not held while the caller has the object
             obj = _open(f, raw, readonly, slots, nbytes, w0)
         yield _name(raw), obj
@@ -431,7 +518,7 @@ def leaves_of(f: h5py.File, file: Path, unread: dict[Key, str] | None = None) ->
             continue
         dtype = obj.dtype
         if obj.ndim and (leaf_dtype(dtype) is not None or is_bf16(obj)):
-            out[parts] = H5Leaf(obj, file, reads)
+            out[parts] = H5Leaf(obj, file, reads, owner=f)
         elif unread is not None and dtype.kind in "biuf" and dtype.byteorder == ">":
             unread[parts] = f"is stored big-endian ({dtype.str}): obsdelta does not read it"
     return out

@@ -170,12 +170,19 @@ class PackedLeaf(LazyLeaf):
         raise UsageError("a packed file is read-only", file=self.file)
 
 
-def packed_leaf(ds: h5py.Dataset, file: Path, cache_bytes: int, reads: FileReads) -> LazyLeaf:
+def packed_leaf(
+    ds: h5py.Dataset,
+    file: Path,
+    cache_bytes: int,
+    reads: FileReads,
+    owner: h5py.File | None = None,
+) -> LazyLeaf:
     """A packed dataset as a leaf, its transform undone as it is read; ``reads``: those its
-    file's leaves share (:func:`~.hdf5_leaves.file_reads`)."""
+    file's leaves share (:func:`~.hdf5_leaves.file_reads`); ``owner``: the File ``ds`` was
+    opened from, as for :class:`~.hdf5_leaves.H5Leaf`."""
     transform = ds.attrs.get(TRANSFORM_ATTR)
     if transform is None:
-        return H5Leaf(ds, file, reads)
+        return H5Leaf(ds, file, reads, owner=owner)
     if transform != FRAME_DELTA or ds.dtype != np.uint8:
         raise damaged_pack(file, f"{ds.name} holds values transformed in an unknown way")
     return PackedLeaf(ds, file, cache_bytes, reads)
@@ -267,7 +274,7 @@ def repacked_leaf(f: h5py.File, file: Path, path: str, entry: Any, cache_bytes: 
         raise damaged_pack(file, f"the repacked dataset {path} is missing")
     columns = entry.get("columns") if isinstance(entry, dict) else None
     if columns is None:  # a virtual dataset the metadata does not record was refused on open
-        return packed_leaf(ds, file, cache_bytes, file_reads(f))
+        return packed_leaf(ds, file, cache_bytes, file_reads(f), owner=f)
     return ColumnsLeaf(f, ds, file, parse_blocks(columns, file, path))
 
 
@@ -401,7 +408,7 @@ class Packed(Format):
         return source
 
     def _leaf(self, f: h5py.File, ds: h5py.Dataset, path: Path) -> LazyLeaf:
-        return packed_leaf(ds, path, self.cache_bytes, file_reads(f))
+        return packed_leaf(ds, path, self.cache_bytes, file_reads(f), owner=f)
 
     def _hdf5_leaves(self, f: h5py.File, path: Path, info: dict[str, Any]) -> dict[Key, Any]:
         repacked: dict[str, Any] = info["datasets"]
