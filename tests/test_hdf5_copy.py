@@ -318,17 +318,17 @@ def test_new_datasets_written_in_place_are_the_files_h5py_writes(
     spans: list[str] = []
     original = hdf5_copy.in_place
 
-    def spy(datasets: list[tuple[h5py.Dataset, Any]], fd: int) -> Any:
-        leaves = original(datasets, fd)
+    def spy(out: h5py.File, datasets: list[tuple[str, Any]], fd: int) -> Any:
+        leaves = original(out, datasets, fd)
         pairs = zip(datasets, leaves, strict=True)
-        spans.extend(ds.name for (ds, _), leaf in pairs if leaf is not None)
+        spans.extend(name for (name, _), leaf in pairs if leaf is not None)
         return leaves
 
     monkeypatch.setattr(hdf5, "in_place", spy)
     compress(src, tmp_path / "span.h5", codec=codec, max_abs_error=0.01)
     inflate(tmp_path / "span.h5", tmp_path / "span.hdf5")
     assert spans == ["/obsdelta/delta/next_observations", "/next_observations"]
-    monkeypatch.setattr(hdf5, "in_place", lambda datasets, fd: [None] * len(datasets))
+    monkeypatch.setattr(hdf5, "in_place", lambda out, datasets, fd: [None] * len(datasets))
     compress(src, tmp_path / "h5py.h5", codec=codec, max_abs_error=0.01)
     inflate(tmp_path / "h5py.h5", tmp_path / "h5py.hdf5")
     for suffix in (".h5", ".hdf5"):

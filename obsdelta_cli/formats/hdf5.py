@@ -263,10 +263,14 @@ class HDF5Format(Format):
             _keep_layout(out, original)
             alloc = original.id.get_create_plist().get_alloc_time()
             new_layouts[key_str(key)] = {"maxshape": list(original.maxshape), "alloc_time": alloc}
-        made = {k: self._new_dataset(src, out, k, s, kwargs, layouts) for k, s in plan.new.items()}
-        placed = in_place([(ds, plan.new[k].dtype) for k, ds in made.items()], fd)
+        # By path: each is let go once made (see in_place).
+        made = {
+            k: self._new_dataset(src, out, k, s, kwargs, layouts).name for k, s in plan.new.items()
+        }
+        placed = in_place(out, [(name, plan.new[k].dtype) for k, name in made.items()], fd)
         leaves: dict[Key, Any] = {
-            k: leaf or H5Leaf(ds, path) for (k, ds), leaf in zip(made.items(), placed, strict=True)
+            k: leaf or H5Leaf(out[name], path)
+            for (k, name), leaf in zip(made.items(), placed, strict=True)
         }
         arrays_kwargs = kwargs if kwargs is not None else _arrays_kwargs(src, plan)
         arrays = H5Arrays(out, path, arrays_kwargs)

@@ -202,26 +202,34 @@ class SpanLeaf(LazyLeaf):
         write_exact(self.fd, self.offset + start * self.row_bytes, value)
 
 
-def in_place(datasets: Sequence[tuple[h5py.Dataset, np.dtype]], fd: int) -> list[SpanLeaf | None]:
-    """For each new dataset of the output at ``fd`` (with the pipeline's dtype for it), a leaf
-    the pass writes in place, row chunk by row chunk with ``pwrite`` at its offset, rather
-    than through h5py (whose selection and write cost 0.8 ms a 1 MiB chunk, on the thread
-    that also measures errors): for those contiguous and of numbers in the machine's order,
-    their storage allocated here; ``None`` for any other dataset."""
-    placed = [_placeable(ds) for ds, _ in datasets]
-    for (ds, _), ok in zip(datasets, placed, strict=True):
-        if ok:
+def in_place(
+    out: h5py.File, datasets: Sequence[tuple[str, np.dtype]], fd: int
+) -> list[SpanLeaf | None]:
+    """For each new dataset of the output ``out`` at ``fd`` (its path, with the pipeline's
+    dtype for it), a leaf the pass writes in place, row chunk by row chunk with ``pwrite`` at
+    its offset, rather than through h5py (whose selection and write cost 0.8 ms a 1 MiB chunk,
+    on the thread that also measures errors): for those contiguous and of numbers in the
+    machine's order, their storage allocated here; ``None`` for any other dataset. Each is
+    opened in turn and let go: HDF5 holds about 12.5 KB for each open dataset, and inflating a
+    robomimic file of 2,000 demos makes 10,000 of them."""
+    offsets: list[tuple[int, tuple[int, ...]] | None] = []
+    for path, _ in datasets:
+        ds = out[path]
+        if _placeable(ds):
             allocate(ds)
-    if any(placed):
+            offset = ds.id.get_offset()
+            offsets.append(None if offset is None else (int(offset), tuple(ds.shape)))
+        else:
+            offsets.append(None)
+    if any(o is not None for o in offsets):
         # Nothing HDF5 holds for them may land after the pass's writes. Once for all: each
         # flush writes what HDF5 holds of the whole file, and a robomimic file of 1,000 demos
         # has 7,000 such datasets (flushing after each took 30 of the 60 s of compress).
-        datasets[0][0].file.flush()
-    out: list[SpanLeaf | None] = []
-    for (ds, dtype), ok in zip(datasets, placed, strict=True):
-        offset = ds.id.get_offset() if ok else None
-        out.append(None if offset is None else SpanLeaf(fd, int(offset), ds.shape, dtype))
-    return out
+        out.flush()
+    return [
+        None if at is None else SpanLeaf(fd, at[0], at[1], dtype)
+        for at, (_, dtype) in zip(offsets, datasets, strict=True)
+    ]
 
 
 def _placeable(ds: h5py.Dataset) -> bool:
