@@ -32,7 +32,14 @@ from measure import (
     run_timed,
     warm_up,
 )
-from source import PACKAGE, export_snapshot, obsdelta_argv, package_state, working_tree_revision
+from source import (
+    PACKAGE,
+    compile_bytecode,
+    export_snapshot,
+    obsdelta_argv,
+    package_state,
+    working_tree_revision,
+)
 from tables import machine_info, render
 
 BENCH = Path(__file__).resolve().parent
@@ -74,6 +81,7 @@ class Bench:
     """Runs commands in the chosen cache state and keeps every timing."""
 
     def __init__(self, obsdelta: list[str], drop_all: bool, repeat: int, scratch: Path) -> None:
+        compile_bytecode(obsdelta)
         self.obsdelta = obsdelta
         self.drop_all = drop_all
         self.repeat = repeat

@@ -331,7 +331,7 @@ class _Held:
 
     def get(self, name: str | bytes) -> Any:
         """The object at ``name`` (a path from the root, without the leading slash)."""
-        raw = name.encode() if isinstance(name, str) else name
+        raw = _raw_name(name)
         with self._lock:
             obj = self._open.get(raw)
             if obj is not None:
@@ -386,7 +386,7 @@ class _Shared:
     def at(self, path: str) -> Any:
         if self._known is None:
             self._known = set(self.names())
-        raw = path.encode()
+        raw = _raw_name(path)
         return self.held.get(raw) if raw in self._known else None
 
 
@@ -463,6 +463,11 @@ def _open(f: h5py.File, raw: bytes, readonly: bool, slots: int, nbytes: int, w0:
     if kind == h5py.h5i.DATATYPE:
         return h5py.Datatype(oid)
     raise TypeError(f"/{raw.decode(errors='replace')}: an object of unknown type {kind}")
+
+
+def _raw_name(name: str | bytes) -> bytes:
+    """An object's name as HDF5 has it, from h5py's (the inverse of :func:`_name`)."""
+    return name.encode("utf-8", "surrogateescape") if isinstance(name, str) else name
 
 
 def _name(raw: bytes) -> Any:

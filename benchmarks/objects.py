@@ -1,0 +1,121 @@
+"""Files of many small objects: robomimic low-dim files of hundreds to thousands of demos.
+
+    python benchmarks/objects.py [--demos 200,2000] [--out benchmarks/out]
+
+A robomimic demo holds about 17 HDF5 objects of a few KB each (``tests/realistic.py``'s
+``write_robomimic_real``: real Hopper-v5 states, 20-40 steps a demo, no camera keys), so such
+a file's time goes to per-object work rather than to its bytes. For each number of demos: the
+file's size and objects, then wall time and peak RSS of ``compress`` (verification included),
+``verify`` and ``inflate`` of its output and ``compress --pack``, each run once with the
+programs and the input warm,
+and, for reference, HDF5's own copy of every object (h5py's ``copy`` of each top-level
+group, in C, nothing checked or hashed). Per object: a command's time over the input's object
+count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import h5py
+from measure import dataset_bytes, remove, run_timed
+from run import PYTHON
+from source import compile_bytecode
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+MB = 10**6
+#: HDF5's copy of every object, for reference: ``python -c COPY SRC DST``.
+COPY = (
+    "import sys, h5py\n"
+    "with h5py.File(sys.argv[1], 'r') as s, h5py.File(sys.argv[2], 'w') as d:\n"
+    "    for name in s:\n"
+    "        s.copy(s[name], d, name=name)\n"
+)
+
+
+def build(root: Path, demos: int) -> Path:
+    """The robomimic file of ``demos`` demos, built unless cached (written to a temporary name
+    first, so that a cached one is complete)."""
+    from tests.realistic import write_robomimic_real
+
+    path = root / f"robomimic-lowdim-{demos}.hdf5"
+    if not path.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        write_robomimic_real(partial, demos=demos, image=0, steps=(20, 40), cameras=False)
+        partial.rename(path)
+    return path
+
+
+def objects_in(path: Path) -> int:
+    count = 0
+
+    def visit(name: str) -> None:
+        nonlocal count
+        count += 1
+
+    with h5py.File(path, "r") as f:
+        f.visit(visit)
+    return count
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--demos", default="200,2000", help="comma-separated demo counts")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("out"))
+    args = parser.parse_args()
+    root, scratch = args.out.resolve() / "inputs", args.out.resolve() / "objects"
+    remove(scratch)
+    scratch.mkdir(parents=True)
+    obsdelta = [PYTHON, "-m", "obsdelta_cli"]
+    compile_bytecode(obsdelta)
+    rows = []
+    try:
+        for demos in (int(d) for d in args.demos.split(",") if d.strip()):
+            src = build(root, demos)
+            small, back, packed = (scratch / n for n in ("small.hdf5", "back.hdf5", "p.h5"))
+            commands = {
+                "compress": [*obsdelta, "compress", str(src), "-o", str(small), "-f", "-q"],
+                "verify": [*obsdelta, "verify", str(small), "-q"],
+                "inflate": [*obsdelta, "inflate", str(small), "-o", str(back), "-f", "-q"],
+                "compress --pack": [
+                    *obsdelta,
+                    "compress",
+                    str(src),
+                    "-o",
+                    str(packed),
+                    "--pack",
+                    "-q",
+                ],
+                "HDF5's copy": [PYTHON, "-c", COPY, str(src), str(scratch / "copy.hdf5")],
+            }
+            runs = {}
+            for name, argv in commands.items():
+                run = run_timed(argv)
+                if run.returncode:
+                    raise SystemExit(f"{name} failed: {run.error_line}")
+                runs[name] = run
+                print(f"[{demos} demos] {name}: {run.seconds:.2f} s, {run.peak_rss_mb:.0f} MB")
+            rows.append((demos, src, objects_in(src), runs))
+            for path in (small, back, packed, scratch / "copy.hdf5"):
+                remove(path)
+    finally:
+        remove(scratch)
+    print()
+    names = ["compress", "verify", "inflate", "compress --pack", "HDF5's copy"]
+    print("| demos | file | objects | " + " | ".join(f"`{n}`" for n in names) + " |")
+    print("|---|---|---|" + "---|" * len(names))
+    for demos, src, count, runs in rows:
+        cells = [
+            f"{r.seconds:.1f} s ({r.seconds / count * 1e3:.2f} ms/object), {r.peak_rss_mb:.0f} MB"
+            for r in (runs[n] for n in names)
+        ]
+        size = dataset_bytes(src) / MB
+        print(f"| {demos:,} | {size:.1f} MB | {count:,} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
