@@ -282,8 +282,9 @@ def _run(
         if folder and command == "inflate":
             options = {**options, "named_after_input": True}
         if folder and output is not None and not output.exists():
-            output.mkdir()
-            made = output
+            with interrupts.deferred():  # a Ctrl-C between the two would leave the folder
+                output.mkdir()
+                made = output
         todo = [Job(command, i, o, options) for i, o in zip(inputs, outputs, strict=True)]
         bars = not (as_json or quiet) and _console(stderr=True).is_terminal
         with (

@@ -17,7 +17,7 @@ from tensordict import TensorDict
 
 from obsdelta_cli import verify
 
-from .conftest import SAMPLE, finish, in_the_foreground, load_sample
+from .conftest import SAMPLE, Cli, finish, in_the_foreground, load_sample
 
 ENTRY_POINTS = {
     "script": [str(Path(sys.executable).with_name("obsdelta"))],
@@ -274,6 +274,27 @@ def test_interrupt_before_any_output_leaves_no_folder(inputs: list[Path], tmp_pa
     proc.send_signal(signal.SIGINT)
     code, _, err = finish(proc)
     assert code == 130 and "Traceback" not in err, err
+    assert not out.exists(), (sorted(p.name for p in out.iterdir()), err)
+
+
+def test_a_signal_just_as_the_folder_is_made_leaves_no_folder(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The moment the test above aims at, made certain: Ctrl-C lands once the output folder
+    exists, before the run has noted that it made it."""
+    from obsdelta_cli import interrupts
+
+    monkeypatch.setattr(interrupts, "received", [])
+    real = Path.mkdir
+
+    def mkdir_then_signal(self: Path, *args: object, **kwargs: object) -> None:
+        real(self, *args, **kwargs)  # type: ignore[arg-type]
+        interrupts.on_signal(signal.SIGINT, None)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir_then_signal)
+    out = tmp_path / "small"
+    result = cli("compress", SAMPLE / "hopper_ted", SAMPLE / "hopper_ted.pt", "-o", out, code=130)
+    assert "Traceback" not in result.stderr, result.stderr
     assert not out.exists()
 
 
