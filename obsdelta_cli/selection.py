@@ -67,8 +67,9 @@ def pair_problem(source: Source, pair: Pair, supports: Callable[[np.dtype], bool
         return "no such leaf"
     if nxt is None:
         return f"has no twin {key_str(pair.next_key)}"
-    if not (is_data(obs) and is_data(nxt)):
-        return "is not a tensor"
+    for key, leaf in ((pair.obs_key, obs), (pair.next_key, nxt)):
+        if not is_data(leaf):
+            return f"is not an array of numbers: {key_str(key)} holds non-tensor data"
     if tuple(obs.shape) != tuple(nxt.shape) or obs.dtype != nxt.dtype:
         return (
             f"shape/dtype {list(obs.shape)} {dtype_name(obs.dtype)} differs from "
