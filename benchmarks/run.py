@@ -385,39 +385,62 @@ def jobs_checks(
         timings[1],
         1.4,
     )
-    return [result, disk_alone(bench, label, items, timings), rss_check(timings[2])], items
+    return [result, *disk_alone(bench, label, items, timings), rss_check(timings[2])], items
 
 
 def disk_alone(
     bench: Bench, label: BenchInput, items: list[BenchInput], timings: dict[int, Timing]
-) -> dict[str, Any]:
-    """For reference: the bytes ``--jobs 2`` reads and writes, moved by 2 processes with nothing
-    computed and no interpreter start-up (``disk_alone.py``). Not a bound: that script reads
-    and writes at once, which this disk does worse than obsdelta's order (see the README)."""
+) -> list[dict[str, Any]]:
+    """For reference: the bytes ``--jobs`` reads and writes, moved by 1 and by 2 processes with
+    nothing computed and no interpreter start-up (``disk_alone.py``): what a second process
+    gains on this disk, in the same run. Not a bound: that script reads and writes at once,
+    which this disk does worse than obsdelta's order (see the README)."""
     written = timings[1].output_bytes
     if not written:
-        return check("--jobs: the disk alone", "—", "—", None, "", None)
+        return [check("--jobs: the disk alone", "—", "—", None, "", None)]
     out = bench.scratch / "disk-alone"
-    argv = [PYTHON, str(BENCH / "disk_alone.py"), "--procs", "2"]
-    argv += ["--out-per-in", f"{written / label.bytes:.4f}", "--out", str(out)]
-    alone = bench.time(
-        label,
-        "the disk alone, 2 processes: the same bytes read (O_DIRECT) and written (fsync)",
-        [*argv, *(str(i.path) for i in items)],
-        [i.path for i in items],
-        out,
-        keep=False,
-    )
-    alone.input = timings[2].input
-    return check(
-        f"{alone.input}: compress --jobs 2 vs the same bytes read and written by 2 processes, "
-        "nothing computed (for reference)",
-        seconds(timings[2]),
-        seconds(alone),
-        None if not (alone.seconds and timings[2].seconds) else alone.seconds / timings[2].seconds,
-        "reference",
-        None,
-    )
+    alone: dict[int, Timing] = {}
+    for procs in (1, 2):
+        argv = [PYTHON, str(BENCH / "disk_alone.py"), "--procs", str(procs)]
+        argv += ["--out-per-in", f"{written / label.bytes:.4f}", "--out", str(out)]
+        what = "1 process" if procs == 1 else f"{procs} processes"
+        alone[procs] = bench.time(
+            label,
+            f"the disk alone, {what}: the same bytes read (O_DIRECT) and written (fsync)",
+            [*argv, *(str(i.path) for i in items)],
+            [i.path for i in items],
+            out,
+            keep=False,
+        )
+        alone[procs].input = timings[2].input
+    name = timings[2].input
+    return [
+        check(
+            f"{name}: compress --jobs 2 vs the same bytes read and written by 2 processes, "
+            "nothing computed (for reference)",
+            seconds(timings[2]),
+            seconds(alone[2]),
+            _ratio(alone[2], timings[2]),
+            "reference",
+            None,
+        ),
+        check(
+            f"{name}: the same bytes read and written by 2 processes vs 1, nothing computed "
+            "(what a second process gains on this disk, for reference)",
+            seconds(alone[2]),
+            seconds(alone[1]),
+            _ratio(alone[1], alone[2]),
+            "reference",
+            None,
+        ),
+    ]
+
+
+def _ratio(baseline: Timing, measured: Timing) -> float | None:
+    """``baseline``'s seconds over ``measured``'s (above 1: ``measured`` is faster)."""
+    if not (baseline.seconds and measured.seconds):
+        return None
+    return baseline.seconds / measured.seconds
 
 
 def parse_sizes(text: str) -> list[float]:
