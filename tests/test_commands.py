@@ -451,3 +451,35 @@ def test_object_skip_names_stored_leaves_and_the_groups_made_for_them() -> None:
     assert {n for n in names if skip(n)} == deltas | made
     # Only groups above a stored leaf are looked up in the input (a lookup costs 90 µs).
     assert set(asked) == made | {"data", "data/demo_1"}
+
+
+@pytest.mark.parametrize("preset", [None, 3], ids=["caller", "worker-share"])
+def test_a_command_runs_with_one_torch_thread_and_gives_the_count_back(
+    preset: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside a command (and a command it calls), torch has one thread; after it, the caller's
+    count: its own torch setting, or the share a ``--jobs`` worker was given."""
+    from obsdelta_cli import arrays
+    from obsdelta_cli.commands.common import one_thread
+
+    monkeypatch.setattr(arrays, "torch_threads", preset)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    seen: list[tuple[int, int | None]] = []
+
+    @one_thread
+    def inner() -> None:
+        seen.append((torch.get_num_threads(), arrays.torch_threads))
+
+    @one_thread
+    def outer() -> None:
+        inner()
+        seen.append((torch.get_num_threads(), arrays.torch_threads))
+
+    try:
+        outer()
+        assert seen == [(1, 1), (1, 1)]
+        assert torch.get_num_threads() == (preset or 2)
+        assert arrays.torch_threads == preset
+    finally:
+        torch.set_num_threads(before)

@@ -55,7 +55,8 @@ def one_thread(command: Callable[P, R]) -> Callable[P, R]:
             arrays.torch_threads = before
             torch = sys.modules.get("torch")
             if torch is not None:
-                # torch imported during the command (by a codec) gets its own count back.
+                # The caller's count: the share it was given (a --jobs worker's), else torch's
+                # own as it was, or as torch chose on import if a codec imported it meanwhile.
                 restored = threads if threads is not None else arrays.torch_default_threads
                 torch.set_num_threads(before or restored or torch.get_num_threads())
 
