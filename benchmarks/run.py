@@ -173,8 +173,14 @@ def seconds(timing: Timing) -> str:
     return "failed" if timing.seconds is None else f"{timing.seconds:.2f} s"
 
 
-def ratio_check(name: str, ours: Timing, theirs: Timing, floor: float) -> dict[str, Any]:
+def ratio_check(
+    name: str, ours: Timing, theirs: Timing, floor: float | None = None
+) -> dict[str, Any]:
+    """``theirs``' seconds over ``ours`` (above 1: ours is faster), against ``floor``; without
+    one, a row for reference."""
     value = theirs.seconds / ours.seconds if ours.seconds and theirs.seconds else None
+    if floor is None:
+        return check(name, seconds(ours), seconds(theirs), value, "reference", None)
     ok = None if value is None else value >= floor
     return check(name, seconds(ours), seconds(theirs), value, f">= {floor}x", ok)
 
@@ -415,32 +421,19 @@ def disk_alone(
         alone[procs].input = timings[2].input
     name = timings[2].input
     return [
-        check(
+        ratio_check(
             f"{name}: compress --jobs 2 vs the same bytes read and written by 2 processes, "
             "nothing computed (for reference)",
-            seconds(timings[2]),
-            seconds(alone[2]),
-            _ratio(alone[2], timings[2]),
-            "reference",
-            None,
+            timings[2],
+            alone[2],
         ),
-        check(
+        ratio_check(
             f"{name}: the same bytes read and written by 2 processes vs 1, nothing computed "
             "(what a second process gains on this disk, for reference)",
-            seconds(alone[2]),
-            seconds(alone[1]),
-            _ratio(alone[1], alone[2]),
-            "reference",
-            None,
+            alone[2],
+            alone[1],
         ),
     ]
-
-
-def _ratio(baseline: Timing, measured: Timing) -> float | None:
-    """``baseline``'s seconds over ``measured``'s (above 1: ``measured`` is faster)."""
-    if not (baseline.seconds and measured.seconds):
-        return None
-    return baseline.seconds / measured.seconds
 
 
 def parse_sizes(text: str) -> list[float]:
