@@ -17,6 +17,7 @@ from ..arrays import dtype_name, dtype_of
 from ..atomic import atomic_output, estimate_output_bytes, write_back
 from ..errors import DataError, InputError, ObsdeltaError, UsageError, write_error
 from ..formats import Format, Key, LeafSpec, Pair, Plan, Sink, Source, detect
+from ..formats.base import close_leaves
 from ..formats.leaf import is_data
 from ..formats.packed import Packed
 from ..manifest import Manifest, parse
@@ -140,6 +141,8 @@ def write(
             except BaseException:
                 fmt.discard(sink)
                 raise
+            finally:
+                close_leaves(sink.leaves)
             writing = write_back(tmp)  # to disk while it is verified
             if check is not None:
                 # Nothing reads the input any more: HDF5 holds about 13 KB for each open

@@ -272,11 +272,24 @@ class Format(ABC):
         (HDF5 object headers and emptied groups), for size estimates. Default: none."""
         return 0
 
-    def close(self, source: Source) -> None:  # noqa: B027 - most containers hold nothing open
-        """Release what :meth:`open` holds; closing a source twice does no harm."""
+    def close(self, source: Source) -> None:
+        """Release what :meth:`open` holds (by default, the files its leaves hold open);
+        closing a source twice does no harm."""
+        close_leaves(source.leaves)
 
     def discard(self, sink: Sink) -> None:  # noqa: B027 - most containers hold nothing open
         """Release what :meth:`create` holds after a failure (the output is deleted next)."""
+
+
+def close_leaves(leaves: Mapping[Key, Any]) -> None:
+    """Close the leaves that hold a file open (:class:`.leaf.FileLeaf`) now, not when the
+    collector frees them: a traceback kept after an error, or a library that keeps the frames
+    it was imported from, holds them, and a process that runs many commands would run out of
+    file descriptors."""
+    for leaf in leaves.values():
+        close = getattr(leaf, "close", None)
+        if callable(close):
+            close()
 
 
 def ted_pairs(source: Source) -> list[Pair]:

@@ -3,6 +3,7 @@ exception rows."""
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -143,13 +144,19 @@ class FileReads:
         """The shared descriptor, opened at the first call."""
         return self.open()[0]
 
+    def close(self) -> None:
+        """Close the descriptor now (a later read opens it again)."""
+        with self._opening:
+            cold, self.cold = getattr(self, "cold", None), None
+            if cold is not None:
+                cold.close()
+            fd, self.fd = getattr(self, "fd", -1), -1
+            if fd >= 0:
+                os.close(fd)
+
     def __del__(self) -> None:
-        cold, self.cold = getattr(self, "cold", None), None
-        if cold is not None:
-            cold.close()
-        fd, self.fd = getattr(self, "fd", -1), -1
-        if fd >= 0:
-            os.close(fd)
+        if hasattr(self, "_opening"):  # unset if a signal cut __init__ short
+            self.close()
 
 
 class H5Leaf(LazyLeaf):
@@ -199,6 +206,12 @@ class H5Leaf(LazyLeaf):
         ds: h5py.Dataset = held.get(name)
         return ds
 
+    def close(self) -> None:
+        """Let go of the file's descriptor (shared by the leaves of one file) and mapping; a
+        later read opens them again."""
+        self._reads.close()
+        self._mapped = None
+
     def storage_bytes(self) -> int:
         """Bytes the dataset takes in the file, after its filters."""
         return int(self.ds.id.get_storage_size())
@@ -231,7 +244,9 @@ class H5Leaf(LazyLeaf):
         if self._chunked is None:
             chunked = None
             if self._reads.read_only and self.ds.chunks is not None:
-                reopen = None if self._held is None else lambda: self.ds
+                # What ``ds`` does, without holding the leaf: a cycle through it would keep
+                # the file's descriptor open until the collector ran.
+                reopen = None if self._held is None else functools.partial(_get, *self._held)
                 chunked = DirectChunks.of(self.ds, self.file, self._reads.descriptor, reopen)
             self._chunked = chunked if chunked is not None else False
         return self._chunked if isinstance(self._chunked, DirectChunks) else None
@@ -316,6 +331,10 @@ class OpaqueLeaf(LazyLeaf):
 #: up to about 240 demos) is opened object by object once; one with more (34,000 objects in a
 #: robomimic file of 2,000 demos, 424 MB held open) has the least recently used closed.
 HELD = 4096
+
+
+def _get(held: _Held, name: str) -> Any:
+    return held.get(name)
 
 
 class _Held:
