@@ -51,9 +51,9 @@ STARTUP_REPEAT = 5
 WARM_IMPORTS = (
     "import torch, tensordict, h5py, numpy, xxhash, typer, rich, obsdelta_cli.cli, "
     "obsdelta_cli.dataset, obsdelta_cli.commands.compress, obsdelta_cli.commands.inflate, "
-    # What --pack loads besides: HDF5's filter plugins (hdf5plugin loads them all), zstandard,
-    # and pydantic, which typer imports only as it parses a command line.
-    "obsdelta_cli.commands.pack, hdf5plugin, zstandard, pydantic"
+    # What --pack loads besides: HDF5's filter plugins (hdf5plugin loads them all) and
+    # zstandard.
+    "obsdelta_cli.commands.pack, hdf5plugin, zstandard"
 )
 RSS_LIMIT_MB = 512
 ZSTD = 'zstd -1 -T1 -q "$1" -o "$2" && sync'
