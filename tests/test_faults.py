@@ -418,3 +418,25 @@ def test_a_changed_twin_of_a_replaced_dataset_is_caught(
     with pytest.raises(ObsdeltaError, match="obsdelta/layout/"):
         inflate(small, tmp_path / "back.hdf5")
     assert not (tmp_path / "back.hdf5").exists()
+
+
+def test_damaged_objects_are_reported_before_the_damaged_leaves_they_explain(
+    hopper: TensorDictBase, tmp_path: Path
+) -> None:
+    """Where an HDF5 file's objects and a leaf are both damaged, ``verify`` reports the
+    objects, which explain the rest; the leaf's damage alone is reported as the leaf's."""
+    src = WRITERS["d4rl-hdf5"](hopper.clone(), tmp_path / "in")
+    small = tmp_path / "small.hdf5"
+    compress(src, small)
+    verify(small)
+    with h5py.File(small, "r+") as f:
+        f["actions"].attrs["units"] = "changed"  # an object's attributes
+        f["observations"][3] += 1  # and a leaf's values
+    with pytest.raises(ObsdeltaError) as raised:
+        verify(small)
+    assert raised.value.key == "@actions", str(raised.value)
+    with h5py.File(small, "r+") as f:
+        del f["actions"].attrs["units"]  # the leaf's damage alone
+    with pytest.raises(ObsdeltaError) as raised:
+        verify(small)
+    assert raised.value.key == "observations", str(raised.value)
