@@ -244,9 +244,12 @@ class H5Leaf(LazyLeaf):
         if self._chunked is None:
             chunked = None
             if self._reads.read_only and self.ds.chunks is not None:
-                # What ``ds`` does, without holding the leaf: a cycle through it would keep
-                # the file's descriptor open until the collector ran.
-                reopen = None if self._held is None else functools.partial(_get, *self._held)
+                reopen = None
+                if self._held is not None:
+                    # What ``ds`` does, without holding the leaf: a cycle through it would
+                    # keep the file's descriptor open until the collector ran.
+                    held, name = self._held
+                    reopen = functools.partial(held.get, name)
                 chunked = DirectChunks.of(self.ds, self.file, self._reads.descriptor, reopen)
             self._chunked = chunked if chunked is not None else False
         return self._chunked if isinstance(self._chunked, DirectChunks) else None
@@ -331,10 +334,6 @@ class OpaqueLeaf(LazyLeaf):
 #: up to about 240 demos) is opened object by object once; one with more (34,000 objects in a
 #: robomimic file of 2,000 demos, 424 MB held open) has the least recently used closed.
 HELD = 4096
-
-
-def _get(held: _Held, name: str) -> Any:
-    return held.get(name)
 
 
 class _Held:
