@@ -111,22 +111,38 @@ class Bench:
         keep: bool = True,
     ) -> Timing:
         """Run ``argv`` ``repeat`` times with ``reads`` cold (or warm); median seconds."""
-        timing = Timing(item.label, name, shlex.join(argv), item.bytes)
-        runs: list[Run] = []
+        (timing,) = self.alternating([Command(item, name, argv, reads, output, cold, keep)])
+        return timing
+
+    def alternating(self, commands: list[Command]) -> list[Timing]:
+        """Run each command in turn, ``repeat`` rounds: commands whose ratio is a target
+        sample the same stretches of a machine whose speed drifts; median seconds of each."""
+        runs: list[list[Run]] = [[] for _ in commands]
+        timings = [Timing(c.item.label, c.name, shlex.join(c.argv), c.item.bytes) for c in commands]
         for _ in range(self.repeat):
-            if output is not None:
-                remove(output)
-            if cold:
-                cold_cache(reads, self.drop_all)
-                self.warm_programs()
-            else:
-                os.sync()
-                for path in reads:
-                    warm_up(path)
-            runs.append(run_timed(argv))
-            if runs[-1].returncode != 0:
-                timing.status = f"failed: {runs[-1].error_line}"
-                break
+            for command, timing, done in zip(commands, timings, runs, strict=True):
+                if timing.status == "ok":
+                    done.append(self._run(command))
+                    if done[-1].returncode != 0:
+                        timing.status = f"failed: {done[-1].error_line}"
+        for command, timing, done in zip(commands, timings, runs, strict=True):
+            self._finish(command, timing, done)
+        return timings
+
+    def _run(self, command: Command) -> Run:
+        if command.output is not None:
+            remove(command.output)
+        if command.cold:
+            cold_cache(command.reads, self.drop_all)
+            self.warm_programs()
+        else:
+            os.sync()
+            for path in command.reads:
+                warm_up(path)
+        return run_timed(command.argv)
+
+    def _finish(self, command: Command, timing: Timing, runs: list[Run]) -> None:
+        item, output = command.item, command.output
         if timing.status == "ok":
             timing.seconds_all = [run.seconds for run in runs]
             timing.seconds = statistics.median(timing.seconds_all)
@@ -136,16 +152,28 @@ class Bench:
             if output is not None and output.exists():
                 timing.output_bytes = dataset_bytes(output)
                 timing.compression_ratio = item.bytes / timing.output_bytes
-        if output is not None and not keep:
+        if output is not None and not command.keep:
             remove(output)
         print(
-            f"[{item.label}] {name}: "
+            f"[{item.label}] {timing.name}: "
             + (f"{timing.seconds:.2f} s" if timing.seconds else timing.status),
             file=sys.stderr,
             flush=True,
         )
         self.timings.append(timing)
-        return timing
+
+
+@dataclass
+class Command:
+    """One command to time: what :meth:`Bench.time` takes."""
+
+    item: BenchInput
+    name: str
+    argv: list[str]
+    reads: list[Path]
+    output: Path | None
+    cold: bool = True
+    keep: bool = True
 
 
 def check(
@@ -370,19 +398,15 @@ def jobs_checks(
     ]
     total = sum(item.bytes for item in items)
     label = BenchInput(D4RL, size_gb, items[0].path, 0, total, 0.0, True, 0)
-    out = bench.scratch / "jobs"
-    timings = {}
+    commands = []
     for jobs in (1, 2):
+        out = bench.scratch / f"jobs{jobs}"
         argv = [*bench.obsdelta, "compress", *(str(i.path) for i in items), "-o", f"{out}/"]
         argv += ["--codec", "exact", "--jobs", str(jobs), "--json"]
-        timings[jobs] = bench.time(
-            label,
-            f"obsdelta compress --jobs {jobs} ({JOBS_INPUTS} files)",
-            argv,
-            [i.path for i in items],
-            out,
-            keep=False,
-        )
+        name = f"obsdelta compress --jobs {jobs} ({JOBS_INPUTS} files)"
+        commands.append(Command(label, name, argv, [i.path for i in items], out, keep=False))
+    # In turn, round after round: the ratio's two sides see the same stretches of the run.
+    timings = dict(zip((1, 2), bench.alternating(commands), strict=True))
     for timing in timings.values():
         timing.input = f"{JOBS_INPUTS} D4RL HDF5 files of {each:g} GB"
     result = ratio_check(
@@ -404,21 +428,18 @@ def disk_alone(
     written = timings[1].output_bytes
     if not written:
         return [check("--jobs: the disk alone", "—", "—", None, "", None)]
-    out = bench.scratch / "disk-alone"
-    alone: dict[int, Timing] = {}
+    commands = []
     for procs in (1, 2):
+        out = bench.scratch / f"disk-alone{procs}"
         argv = [PYTHON, str(BENCH / "disk_alone.py"), "--procs", str(procs)]
         argv += ["--out-per-in", f"{written / label.bytes:.4f}", "--out", str(out)]
+        argv += [str(i.path) for i in items]
         what = "1 process" if procs == 1 else f"{procs} processes"
-        alone[procs] = bench.time(
-            label,
-            f"the disk alone, {what}: the same bytes read (O_DIRECT) and written (fsync)",
-            [*argv, *(str(i.path) for i in items)],
-            [i.path for i in items],
-            out,
-            keep=False,
-        )
-        alone[procs].input = timings[2].input
+        name = f"the disk alone, {what}: the same bytes read (O_DIRECT) and written (fsync)"
+        commands.append(Command(label, name, argv, [i.path for i in items], out, keep=False))
+    alone = dict(zip((1, 2), bench.alternating(commands), strict=True))
+    for timing in alone.values():
+        timing.input = timings[2].input
     name = timings[2].input
     return [
         ratio_check(
