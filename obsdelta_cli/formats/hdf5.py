@@ -30,7 +30,7 @@ import numpy as np
 from ..arrays import BFLOAT16
 from ..checksum import Hasher
 from ..errors import InputError, UsageError, failed_write, write_error
-from .base import Format, Key, LeafSpec, Plan, Sink, Source, close_leaves, key_str
+from .base import Format, Key, LeafSpec, Plan, Sink, Source, key_str
 from .hdf5_copy import CopyRule, RawCopies, Relinks, in_place
 from .hdf5_leaves import (
     BF16_ATTR,
@@ -193,7 +193,7 @@ class HDF5Format(Format):
         return self.batch_dims
 
     def close(self, source: Source) -> None:
-        close_leaves(source.leaves)
+        super().close(source)
         source.handle.close()
 
     def object_hashes(

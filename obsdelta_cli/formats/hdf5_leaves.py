@@ -147,15 +147,15 @@ class FileReads:
     def close(self) -> None:
         """Close the descriptor now (a later read opens it again)."""
         with self._opening:
-            cold, self.cold = getattr(self, "cold", None), None
+            cold, self.cold = self.cold, None
             if cold is not None:
                 cold.close()
-            fd, self.fd = getattr(self, "fd", -1), -1
+            fd, self.fd = self.fd, -1
             if fd >= 0:
                 os.close(fd)
 
     def __del__(self) -> None:
-        if hasattr(self, "_opening"):  # unset if a signal cut __init__ short
+        if hasattr(self, "_opening"):  # set after fd and cold; unset if a signal cut __init__ short
             self.close()
 
 
