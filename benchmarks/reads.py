@@ -15,8 +15,9 @@ Prints one JSON object:
   TorchRL replay buffer's ``sample`` calls (when torchrl is installed).
 - ``bc``: seconds of a behaviour-cloning loop (MLP 11-256-256-3, Adam, mean squared error on
   the action, batches of 256, ``--bc-steps`` steps) fed by each reader, after 20 untimed steps
-  of each: the median of ``--bc-rounds`` loops of each, plain and compressed in turn (one
-  loop of each gave ratios from 0.97x to 1.13x on the same files, whichever code read them).
+  of each: the median of ``--bc-rounds`` loops of each, plain and compressed in turn, which
+  goes first changing from round to round (one loop of each gave ratios from 0.97x to 1.13x on
+  the same files, whichever code read them; a median of 3 rounds, 0.99x to 1.14x).
 
 torch runs on one thread (as obsdelta does): on a loaded 2-core machine, two-thread parallel
 regions made the same loop 10 to 50 times slower and the figures unrepeatable.
@@ -131,6 +132,18 @@ def bc_seconds(read: Reader, batches: list[torch.Tensor]) -> float:
     return time.perf_counter() - start
 
 
+def bc_round(
+    plain: Reader, packed: Reader, steps: list[torch.Tensor], *, first_plain: bool
+) -> tuple[float, float]:
+    """One BC loop fed by each reader, ``(plain seconds, compressed seconds)``; the one run
+    second finds the caches as the first left them, so the order alternates between rounds."""
+    if first_plain:
+        plain_s = bc_seconds(plain, steps)
+        return plain_s, bc_seconds(packed, steps)
+    packed_s = bc_seconds(packed, steps)
+    return bc_seconds(plain, steps), packed_s
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("layout", choices=["ted", "d4rl"])
@@ -138,7 +151,7 @@ def main() -> None:
     parser.add_argument("packed", type=Path)
     parser.add_argument("--batches", type=int, default=2000)
     parser.add_argument("--bc-steps", type=int, default=1000)
-    parser.add_argument("--bc-rounds", type=int, default=3)
+    parser.add_argument("--bc-rounds", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
     plain_rows, plain = (plain_ted if args.layout == "ted" else plain_d4rl)(args.plain)
@@ -156,7 +169,7 @@ def main() -> None:
         assert torch.equal(plain(rows)[0], packed(rows)[0]), "the readers disagree"
     bc_seconds(plain, steps[:20])
     bc_seconds(packed, steps[:20])
-    rounds = [(bc_seconds(plain, steps), bc_seconds(packed, steps)) for _ in range(args.bc_rounds)]
+    rounds = [bc_round(plain, packed, steps, first_plain=r % 2 == 0) for r in range(args.bc_rounds)]
     result = {
         "rows": plain_rows,
         "batch": BATCH,
