@@ -278,6 +278,34 @@ def test_reads_in_order_decode_each_chunk_once(
     np.testing.assert_array_equal(rows, values[200:290])
 
 
+@pytest.mark.parametrize("overlap", [0, 1])
+def test_reads_in_order_decode_the_next_chunks_ahead(
+    tmp_path: Path, hopper: TensorDictBase, monkeypatch: pytest.MonkeyPatch, overlap: int
+) -> None:
+    """Reads that go on where the last one stopped, or one row before it (a stream that reads
+    each row's successor with it), have the chunks after them decoded while the caller works:
+    each read submits the chunks past its end."""
+    values = hopper["observation"].numpy()
+    path = tmp_path / "v.h5"
+    ds = _file(path, values, chunks=(40, 11), **PIPELINES["shuffle-zstd"])
+    direct = _direct(ds, path)
+    submitted: list[int] = []
+    real = DirectChunks._submit
+
+    def submit(self: DirectChunks, coord: tuple[int, ...], *args: Any) -> Any:
+        submitted.append(coord[0])
+        return real(self, coord, *args)
+
+    monkeypatch.setattr(DirectChunks, "_submit", submit)
+    for start in range(0, 400, 80):
+        rows = direct.rows(start, start + 80 + overlap)
+        assert rows is not None
+        np.testing.assert_array_equal(rows, values[start : start + 80 + overlap])
+        past = -(-(start + 80 + overlap) // 40) * 40
+        assert {past, past + 40} <= set(submitted), (start, submitted)
+    assert sorted(submitted) == sorted(set(submitted))  # each chunk decoded once
+
+
 def _rows_in_child(path: Path, queue: Any) -> None:
     with h5py.File(path, "r") as f:
         rows = _direct(f["v"], path).rows(0, 400)

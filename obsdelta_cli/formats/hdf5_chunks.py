@@ -151,7 +151,9 @@ class DirectChunks:
         self._stored: dict[Coord, Stored] | None = None
         # Read ahead (see rows): chunks decoded, or being decoded, for the next read in order.
         self._ahead: dict[Coord, Future[np.ndarray] | None] = {}
-        self._stop = 0
+        #: Rows of the last read: a read that starts inside them or where they end, after
+        #: where they start, reads on in order.
+        self._start, self._stop = -1, 0
         self._lock = threading.Lock()
 
     @property
@@ -294,8 +296,9 @@ class DirectChunks:
         ``None`` where HDF5 should read them (a chunk never written, or fewer than
         ``min_chunks`` along time: one chunk gains little and HDF5 caches it).
 
-        Reads in order are read ahead: a chunk the next read starts in is kept, and the
-        following :data:`AHEAD` chunks along time are decoded while the caller works."""
+        Reads in order (each starting where the last one stopped, or inside it) are read
+        ahead: a chunk the next read starts in is kept, and the following :data:`AHEAD`
+        chunks along time are decoded while the caller works."""
         stop = min(stop, self.shape[0])
         per = self.chunks[0]
         if stop - start <= 0 or (stop - 1) // per - start // per + 1 < min_chunks:
@@ -310,14 +313,18 @@ class DirectChunks:
             futures = {c: ready.pop(c) if c in ready else self._submit(c, table[c]) for c in wanted}
             if stop % per:  # the next read in order starts in the last band
                 self._ahead.update({c: futures[c] for c in self._band(end - per)})
-            if start == self._stop:  # in order: decode what follows
+            # In order: decode what follows. A read in order may start a little before the
+            # last one stopped: a pass that reads each row's successor with it reads the
+            # first row of the next read twice (verifying a packed 500 MB D4RL file's
+            # observations read them that way, decoding on one core: 0.56-0.63 s, 0.18 s now).
+            if self._start < start <= self._stop:
                 for band in range(end, min(self.shape[0], end + AHEAD * per), per):
                     for c in self._band(band):
                         if c in ready:
                             self._ahead[c] = ready.pop(c)
                         elif c in table:
                             self._ahead[c] = self._submit(c, table[c])
-            self._stop = stop
+            self._start, self._stop = start, stop
         out = np.empty((stop - start, *self.shape[1:]), dtype=self.dtype)
         for coord, future in futures.items():
             source, target, local = self._regions(start, stop, coord)
