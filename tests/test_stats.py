@@ -42,6 +42,26 @@ def test_bit_equal_rows_is_byte_equality(dtype: np.dtype, width: int, every: int
     assert got.tolist() == [row % every != 0 for row in range(64)]
 
 
+@pytest.mark.parametrize("dtype", [np.dtype(np.uint8), np.dtype(np.float16)])
+@pytest.mark.parametrize("layout", ["contiguous", "strided-columns", "strided-rows", "mixed"])
+def test_bit_equal_rows_in_words_is_byte_equality(dtype: np.dtype, layout: str) -> None:
+    """Rows compared a word at a time (their bytes divide into 8, 4 or 2) or, where either
+    array is not contiguous, element by element: byte equality either way, a difference in
+    any one byte of a word found."""
+    a = (np.random.default_rng(3).random((48, 48)) * 100).astype(dtype)
+    b = a.copy()
+    for row in range(0, 48, 3):
+        b.view(np.uint8).reshape(48, -1)[row, row % (48 * dtype.itemsize)] ^= 1
+    x, y = {
+        "contiguous": (a, b),
+        "strided-columns": (a[:, ::2], b[:, ::2]),
+        "strided-rows": (a[::2], b[::2]),
+        "mixed": (a[:, :24], np.ascontiguousarray(b[:, :24])),
+    }[layout]
+    assert bit_equal_rows(x, y).tolist() == _naive_equal(x, y)
+    assert not all(_naive_equal(x, y))
+
+
 def test_bit_equal_rows_tells_signed_zeros_and_nan_payloads_apart() -> None:
     a = np.array([[0.0, 1.0], [float("nan"), 1.0], [2.0, 3.0]], dtype=np.float32)
     b = a.copy()
