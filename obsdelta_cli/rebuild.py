@@ -41,8 +41,13 @@ def decode(
     stored: np.ndarray | None,
     successor: np.ndarray | None,
     dtype: np.dtype,
+    *,
+    view: bool = False,
 ) -> np.ndarray:
-    """A chunk's next observations as the codec rebuilds them, before exceptions are patched."""
+    """A chunk's next observations as the codec rebuilds them, before exceptions are patched;
+    with ``view``, to be read only (they may be ``successor`` itself)."""
+    if view and codec.rebuilds_as_successor and successor is not None and successor.dtype == dtype:
+        return successor
     return codec.decode(obs, stored, successor, dtype)
 
 

@@ -35,6 +35,9 @@ class Codec(ABC):
     uses_successor: ClassVar[bool] = False
     #: Rows it keeps are bit-identical; everything else is an exception row.
     lossless: ClassVar[bool] = False
+    #: :meth:`decode` gives the successor rows as they are (in the restored dtype): compress,
+    #: which only compares the rebuild, then compares those rows instead of a copy.
+    rebuilds_as_successor: ClassVar[bool] = False
 
     @classmethod
     def create(cls, max_abs_error: float | None) -> Self:

@@ -26,6 +26,7 @@ class ExactNext(Codec):
     summary = "lossless: stores only rows where next_obs[t] is not obs[t+1] (episode ends)"
     uses_successor = True
     lossless = True
+    rebuilds_as_successor = True
 
     def supports(self, dtype: np.dtype) -> bool:
         return dtype != np.bool_
