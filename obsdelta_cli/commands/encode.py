@@ -57,10 +57,10 @@ def code_chunk(
     verdict = judge(obs, nxt, stored, rebuilt, bound=bound, exact=exact)
     bad = np.flatnonzero(~verdict.ok).astype(np.int64, copy=False)
     if exact:
-        rebuilt = nxt
+        rebuilt = nxt  # its failing rows patched with themselves
+    elif bad.size:
+        rebuilt[bad] = nxt[bad]
     if bad.size:
-        if not exact:
-            rebuilt[bad] = nxt[bad]
         if stored is not None:
             stored[bad] = 0
         verdict.same[bad] = True  # patched in: now bit for bit
