@@ -42,7 +42,7 @@ import xxhash
 from ..arrays import BFLOAT16
 from ..errors import UsageError
 from .base import Key
-from .hdf5 import copy_attrs, create_dataset, dcpl_like
+from .hdf5 import Groups, copy_attrs, create_dataset, dcpl_like
 from .hdf5_leaves import (
     OWN,
     h5_file,
@@ -206,9 +206,10 @@ def pack_flat(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, Any
     datasets: dict[str, Any] = {}
     flat: list[dict[str, Any]] = []
     shared = plan_columns(columns)
+    groups = Groups(out)
     for column, concat in columns.items():
         parent, _, leaf = column.rpartition("/")
-        group = out.require_group(parent)
+        group = groups(parent)
         plan = shared.get(column)
         if plan is None:
 
@@ -217,7 +218,7 @@ def pack_flat(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, Any
 
             entry = _write_dataset(group, leaf, column, read, concat.shape, concat.dtype, chooser)
         else:
-            entry = _write_kept(concat, column, out, chooser, plan)
+            entry = _write_kept(concat, column, groups, chooser, plan)
             write_virtual(group, leaf, concat, plan)
         index = len(flat)
         flat.append({**entry, "path": column, "members": names[column]})

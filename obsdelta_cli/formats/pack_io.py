@@ -39,6 +39,7 @@ from ..manifest import Manifest
 from .base import SIDECAR, Key, Source, key_str, write_sidecar
 from .hdf5 import (
     ALLOC_TIMES,
+    Groups,
     closed_on_failure,
     copy_attrs,
     create_dataset,
@@ -329,9 +330,10 @@ def _pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, An
         if isinstance(obj, h5py.Dataset) and _repacked(obj, name)
     }
     shared = plan_columns(repacked)
+    groups = Groups(out)
 
     def rewrite(ds: h5py.Dataset, dst: h5py.Group, name: str, path: str) -> None:
-        datasets[path] = _repack(ds, dst, name, path, out, chooser, shared.get(path))
+        datasets[path] = _repack(ds, dst, name, path, groups, chooser, shared.get(path))
 
     copy_structure(src, out, repacked, rewrite)
     return {"kind": "hdf5", "libver": list(src.libver), "datasets": datasets}
@@ -349,7 +351,7 @@ def _repack(
     dst: h5py.Group,
     name: str,
     path: str,
-    out: h5py.File,
+    groups: Groups,
     chooser: Chooser,
     shared: Shared | None,
 ) -> dict[str, Any]:
@@ -360,7 +362,7 @@ def _repack(
 
         entry = write_dataset(dst, name, path, read, ds.shape, ds.dtype, chooser)
     else:
-        entry = _write_kept(ds, path, out, chooser, shared)
+        entry = _write_kept(ds, path, groups, chooser, shared)
         write_virtual(dst, name, ds, shared)
     copy_attrs(ds, dst[name])
     # The twin: the original creation properties, never written, so taking no storage.
@@ -368,7 +370,7 @@ def _repack(
     dcpl = dcpl_like(ds.id.get_create_plist(), True)
     chunked = dcpl.get_layout() == h5py.h5d.CHUNKED
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_INCR if chunked else h5py.h5d.ALLOC_TIME_LATE)
-    create_dataset(out.require_group(parent), leaf, ds.dtype, ds.shape, ds.maxshape, dcpl)
+    create_dataset(groups(parent), leaf, ds.dtype, ds.shape, ds.maxshape, dcpl)
     entry["alloc_time"] = ds.id.get_create_plist().get_alloc_time()
     absent = _absent_chunks(ds)
     if absent is not None:
@@ -377,7 +379,7 @@ def _repack(
 
 
 def _write_kept(
-    ds: h5py.Dataset, path: str, out: h5py.File, chooser: Chooser, shared: Shared
+    ds: h5py.Dataset, path: str, groups: Groups, chooser: Chooser, shared: Shared
 ) -> dict[str, Any]:
     """A dataset whose columns repeat others': the columns it keeps, in their own dataset (the
     dataset itself is virtual, mapping those and the repeated ones)."""
@@ -390,8 +392,7 @@ def _write_kept(
 
         parent, _, leaf = kept_path(path).rpartition("/")
         shape = (ds.shape[0], len(kept))
-        group = out.require_group(parent)
-        own = write_dataset(group, leaf, kept_path(path), read, shape, ds.dtype, chooser)
+        own = write_dataset(groups(parent), leaf, kept_path(path), read, shape, ds.dtype, chooser)
         entry.update(filter=own["filter"], chunk_rows=own["chunk_rows"])
     return entry
 
