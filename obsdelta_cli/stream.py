@@ -13,8 +13,10 @@ are taken per block, and outputs and figures come out the same whatever the chun
 
 from __future__ import annotations
 
+import contextvars
 import math
 import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -135,7 +137,9 @@ def window(obs: Any, sl: slice, geometry: Geometry) -> tuple[np.ndarray, np.ndar
 
 def _one_worker(name: str) -> ThreadPoolExecutor:
     torch = sys.modules.get("torch")  # imported by a codec that casts, or by the caller
-    if torch is None:
+    if torch is None or getattr(torch.__spec__, "_initializing", False):
+        # Not imported, or still being imported by another thread (a codec's first chunk,
+        # while leaves are copied beside it): its functions may not be there yet.
         return ThreadPoolExecutor(1, name)
     # torch's thread count is per OS thread: the worker works with the caller's.
     threads = torch.get_num_threads()
@@ -173,6 +177,39 @@ def ahead(items: Iterable[T], load: Callable[[T], R]) -> Iterator[tuple[T, R]]:
             yield pending[0], pending[1].result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextmanager
+def beside(work: Callable[[Callable[[], bool]], None]) -> Iterator[None]:
+    """Run ``work(stopped)`` in a thread while the ``with`` block runs, and wait for it on
+    leaving: copies of leaves beside the pass over observations, which reads and writes other
+    files (compress of a 500 MB TED folder spent 0.3 s copying its 8 other leaves before that
+    pass, while the disk and the second core were half idle).
+
+    ``work`` was listed first: its error is raised before the block's. If the block fails,
+    ``stopped()`` turns true so that ``work`` can stop between leaves.
+
+    >>> done = []
+    >>> with beside(lambda stopped: done.append("copied")):
+    ...     done.append("encoded")
+    >>> sorted(done)
+    ['copied', 'encoded']
+    """
+    stop = threading.Event()
+    pool = ThreadPoolExecutor(1, "obsdelta-beside")
+    # The thread reports progress where the caller does (a context variable).
+    future = pool.submit(contextvars.copy_context().run, work, stop.is_set)
+    try:
+        yield
+    except BaseException as exc:
+        stop.set()
+        pool.shutdown(wait=True)
+        first = future.exception()
+        if isinstance(exc, Exception) and isinstance(first, Exception):
+            raise first from None
+        raise
+    pool.shutdown(wait=True)
+    future.result()
 
 
 class Behind:

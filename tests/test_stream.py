@@ -7,6 +7,7 @@ import itertools
 import json
 import random
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 import torch
 from tensordict import TensorDictBase
 
-from obsdelta_cli.stream import BLOCK_BYTES, Behind, Geometry, ahead, slices, window
+from obsdelta_cli.stream import BLOCK_BYTES, Behind, Geometry, ahead, beside, slices, window
 
 from .conftest import Cli, tree_hash
 from .writers import WRITERS
@@ -192,3 +193,55 @@ def test_behind_raises_a_failed_write() -> None:
 
     with pytest.raises(OSError, match="No space"), Behind() as later:
         later(fail)
+
+
+def test_beside_runs_the_work_while_the_block_runs_and_waits_for_it() -> None:
+    started, finish = threading.Event(), threading.Event()
+    done: list[str] = []
+
+    def work(stopped: Callable[[], bool]) -> None:
+        started.set()
+        finish.wait(5)
+        done.append("work")
+
+    with beside(work):
+        assert started.wait(5)  # the work runs while the block does
+        done.append("block")
+        finish.set()
+    assert done == ["block", "work"]  # and is finished on leaving
+
+
+def test_beside_raises_the_works_error_first() -> None:
+    def work(stopped: Callable[[], bool]) -> None:
+        raise OSError("the copy failed")
+
+    with pytest.raises(OSError, match="the copy failed"), beside(work):
+        raise ValueError("the pass failed too")
+    with pytest.raises(OSError, match="the copy failed"), beside(work):
+        pass
+
+
+def test_beside_tells_the_work_to_stop_when_the_block_fails() -> None:
+    started = threading.Event()
+    seen: list[bool] = []
+
+    def work(stopped: Callable[[], bool]) -> None:
+        started.set()
+        for _ in range(500):
+            if stopped():
+                seen.append(True)
+                return
+            threading.Event().wait(0.01)
+
+    with pytest.raises(ValueError, match="pass failed"), beside(work):
+        assert started.wait(5)
+        raise ValueError("the pass failed")
+    assert seen == [True]
+
+
+def test_beside_lets_an_interrupt_of_the_block_through() -> None:
+    def work(stopped: Callable[[], bool]) -> None:
+        raise OSError("the copy failed")
+
+    with pytest.raises(KeyboardInterrupt), beside(work):
+        raise KeyboardInterrupt

@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from ..manifest import HASH_ALGORITHM, ArrayNames, Error, KeyRecord, Manifest
 from ..report import Candidate, DatasetResult, KeyResult
 from ..selection import KeyGroup, candidates, check_time_dim, dtype_name, pairs_of
 from ..stats import ErrorStats
-from ..stream import Behind, Stream
+from ..stream import Behind, Stream, beside
 from .common import (
     DEFAULT_CHUNK_MB,
     check_bound,
@@ -343,19 +343,25 @@ def _writer(
         fused: dict[Key, Hasher] = (
             dict(sink.streamed) if sink.copied else {k: Hasher(HASH_ALGORITHM) for k in streamed}
         )
-        if not sink.copied:
-            for k in order:
-                if k not in new and k not in fused:
-                    digest = stream.copy(source.leaves[k], sink.leaves[k], HASH_ALGORITHM)
-                    if digest is not None:
-                        checksums[key_str(k)] = digest
+        copies = [] if sink.copied else [k for k in order if k not in new and k not in fused]
+        copied: dict[str, str] = {}
+
+        def copy_leaves(stopped: Callable[[], bool]) -> None:
+            for k in copies:
+                if stopped():
+                    return
+                digest = stream.copy(source.leaves[k], sink.leaves[k], HASH_ALGORITHM)
+                if digest is not None:
+                    copied[key_str(k)] = digest
+
         records: list[KeyRecord] = []
-        for key, c, cands in plans:
+
+        def encode_key(key: KeyGroup, c: Codec | None, cands: list[Candidate] | None) -> None:
             if c is None:
                 results.append(
                     key_result(key, "none", None, key.raw_bytes, lossless=True, candidates=cands)
                 )
-                continue
+                return
             total = ErrorStats()
             shared = (f"k{len(results)}.index", f"k{len(results)}.rows")
             with Behind() as later:
@@ -393,6 +399,11 @@ def _writer(
                     candidates=[candidate(key, c, total)] if cands is FROM_ENCODING else cands,
                 )
             )
+
+        with beside(copy_leaves):
+            for key, c, cands in plans:
+                encode_key(key, c, cands)
+        checksums = {**copied, **checksums}  # in the order of the leaves, as listed
         # Objects the container copies whole (HDF5) or keeps beside the leaves (folders),
         # hashed as the output has them.
         deltas = {key_str(k) for k in new}

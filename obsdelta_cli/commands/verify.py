@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ..checksum import Hasher
 from ..errors import DataError, ObsdeltaError
@@ -13,7 +14,7 @@ from ..formats.hdf5_objects import is_replaced_twin
 from ..manifest import HASH_ALGORITHM, Manifest
 from ..rebuild import StoredPair, stored_pairs
 from ..report import DatasetResult
-from ..stream import Geometry, Stream, ahead
+from ..stream import Geometry, Stream, ahead, beside
 from .common import (
     DEFAULT_CHUNK_MB,
     manifest_of,
@@ -168,6 +169,7 @@ def check_dataset(
             fused[name] = expected[name]
     if manifest.version >= 2:
         check_objects(fmt, source, manifest, later=frozenset(fused.keys() & values.keys()))
+    hashed: list[tuple[Key, Any]] = []
     for name in manifest.checksums:
         key = tuple(name.split("/"))
         leaf = source.leaves.get(key)
@@ -179,10 +181,19 @@ def check_dataset(
                 hint="the compressed dataset is damaged or was edited",
             )
         if name not in fused:
+            hashed.append((key, leaf))
+
+    def hash_leaves(stopped: Callable[[], bool]) -> None:
+        for key, leaf in hashed:
+            if stopped():
+                return
             found = stream.copy(leaf, None, manifest.hash_algorithm)
             expect_leaf(manifest, key, found, source.path)
-    for s in stored:
-        check_pair(source, stream, s, manifest.hash_algorithm, fused.get(key_str(s.pair.obs_key)))
+
+    with beside(hash_leaves):
+        for s in stored:
+            obs = key_str(s.pair.obs_key)
+            check_pair(source, stream, s, manifest.hash_algorithm, fused.get(obs))
     return stored
 
 
