@@ -186,8 +186,8 @@ def beside(work: Callable[[Callable[[], bool]], None]) -> Iterator[None]:
     files (compress of a 500 MB TED folder spent 0.3 s copying its 8 other leaves before that
     pass, while the disk and the second core were half idle).
 
-    ``work`` was listed first: its error is raised before the block's. If the block fails,
-    ``stopped()`` turns true so that ``work`` can stop between leaves.
+    ``work`` was listed first: an error it meets is raised before the block's. If the block
+    fails, ``stopped()`` turns true so that ``work`` can stop between leaves.
 
     >>> done = []
     >>> with beside(lambda stopped: done.append("copied")):
