@@ -597,6 +597,30 @@ def test_a_file_of_many_objects_is_read_with_few_open(
     assert h5_objects(tmp_path / "back.hdf5") == h5_objects(path)
 
 
+def test_a_second_pass_over_a_file_of_many_objects_finds_most_of_them_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every pass asks for a file's objects in the same order: with only the most recently used
+    # kept, a file of more objects than HELD had each closed just before it was asked for again.
+    path = write_robomimic(load_sample("hopper_ted")[:300], tmp_path / "demos.hdf5")
+    monkeypatch.setattr(hdf5_leaves, "HELD", 8)
+    opened: list[bytes] = []
+    real = hdf5_leaves._open
+
+    def counted(f: h5py.File, raw: bytes, *rest: Any) -> Any:
+        opened.append(raw)
+        return real(f, raw, *rest)
+
+    monkeypatch.setattr(hdf5_leaves, "_open", counted)
+    with h5py.File(path, "r") as f:
+        names = [name for name, _ in objects_of(f)]
+        assert len(names) > 3 * 8 and len(opened) == len(names)
+        opened.clear()
+        assert [name for name, _ in objects_of(f)] == names
+        assert len(opened) == len(names) - 7  # the first 7 stay open, 1 place for the rest
+        assert _open_objects(f) <= 8
+
+
 def _streams_case(path: Path, layout: str) -> Path:
     rng = np.random.default_rng(0)
     obs = rng.standard_normal((20000, 17)).astype(np.float32)  # 1.4 MB: copied raw if contiguous

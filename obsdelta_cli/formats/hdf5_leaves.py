@@ -348,36 +348,55 @@ class OpaqueLeaf(LazyLeaf):
 #: Objects of a file open read-only held open at once (:class:`_Held`): HDF5 keeps about 12.5
 #: KB for each open object, so 4,096 take about 50 MB. A file with fewer (a robomimic file of
 #: up to about 240 demos) is opened object by object once; one with more (34,000 objects in a
-#: robomimic file of 2,000 demos, 424 MB held open) has the least recently used closed.
+#: robomimic file of 2,000 demos, 424 MB held open) keeps the first it opened, and the most
+#: recently used of the others.
 HELD = 4096
 
 
 class _Held:
-    """The objects of one h5py File open read-only, opened as asked and kept open, the
-    :data:`HELD` most recently used: a walk of the file, and every leaf of it, gets its objects
-    here instead of holding its own handles."""
+    """The objects of one h5py File open read-only, opened as asked and kept open, at most
+    :data:`HELD`: a walk of the file, and every leaf of it, gets its objects here instead of
+    holding its own handles.
+
+    The first opened stay open; the others share a sixteenth of the places, the least recently
+    used closed first. Every pass over a file (its leaves, the walk that checks its objects,
+    the reads) asks for its objects in the same order, and with only the most recently used
+    kept, a file of more objects than that had each one closed just before it was asked for
+    again: every pass opened every object."""
 
     def __init__(self, f: h5py.File) -> None:
         self._file = weakref.ref(f)  # not kept alive by this: the entry goes with it
         _, self._slots, self._nbytes, self._w0 = f.id.get_access_plist().get_cache()
-        self._open: OrderedDict[bytes, Any] = OrderedDict()
+        self._first: dict[bytes, Any] = {}
+        self._recent: OrderedDict[bytes, Any] = OrderedDict()
         self._lock = threading.Lock()  # leaves are read from the read-ahead thread too
 
     def get(self, name: str | bytes) -> Any:
         """The object at ``name`` (a path from the root, without the leading slash)."""
         raw = _raw_name(name)
         with self._lock:
-            obj = self._open.get(raw)
+            obj = self._first.get(raw)
+            if obj is None and (obj := self._recent.get(raw)) is not None:
+                self._recent.move_to_end(raw)
             if obj is not None:
-                self._open.move_to_end(raw)
                 return obj
         f = self._file()
         assert f is not None  # asked through the File itself, or a leaf that holds it
         with phil:
             obj = _open(f, raw, True, self._slots, self._nbytes, self._w0)
+        recent = max(1, HELD // 16)
+        closed = []
         with self._lock:
-            self._open[raw] = obj
-            closed = [self._open.popitem(last=False)[1] for _ in range(len(self._open) - HELD)]
+            held = self._first.get(raw, self._recent.get(raw))
+            if held is not None:  # opened meanwhile by another thread: that one is kept
+                closed.append(obj)
+                obj = held
+            elif len(self._first) < HELD - recent:
+                self._first[raw] = obj
+            else:
+                self._recent[raw] = obj
+                while len(self._recent) > recent:
+                    closed.append(self._recent.popitem(last=False)[1])
         # Closed here, out of the lock: h5py takes its own lock to close an object, and a
         # thread holding that one may be waiting for this one.
         del closed
