@@ -7,7 +7,7 @@ import itertools
 import json
 import random
 import threading
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -199,49 +199,46 @@ def test_beside_runs_the_work_while_the_block_runs_and_waits_for_it() -> None:
     started, finish = threading.Event(), threading.Event()
     done: list[str] = []
 
-    def work(stopped: Callable[[], bool]) -> None:
+    def work() -> None:
         started.set()
         finish.wait(5)
         done.append("work")
 
-    with beside(work):
+    with beside([work, lambda: done.append("more work")]):
         assert started.wait(5)  # the work runs while the block does
         done.append("block")
         finish.set()
-    assert done == ["block", "work"]  # and is finished on leaving
+    assert done == ["block", "work", "more work"]  # in turn, and finished on leaving
 
 
 def test_beside_raises_the_works_error_first() -> None:
-    def work(stopped: Callable[[], bool]) -> None:
+    def work() -> None:
         raise OSError("the copy failed")
 
-    with pytest.raises(OSError, match="the copy failed"), beside(work):
+    with pytest.raises(OSError, match="the copy failed"), beside([work]):
         raise ValueError("the pass failed too")
-    with pytest.raises(OSError, match="the copy failed"), beside(work):
+    with pytest.raises(OSError, match="the copy failed"), beside([work]):
         pass
 
 
-def test_beside_tells_the_work_to_stop_when_the_block_fails() -> None:
+def test_beside_drops_the_tasks_not_started_when_the_block_fails() -> None:
     started = threading.Event()
-    seen: list[bool] = []
+    done: list[int] = []
 
-    def work(stopped: Callable[[], bool]) -> None:
+    def work(n: int) -> None:
         started.set()
-        for _ in range(500):
-            if stopped():
-                seen.append(True)
-                return
-            threading.Event().wait(0.01)
+        threading.Event().wait(1)  # the block fails meanwhile
+        done.append(n)
 
-    with pytest.raises(ValueError, match="pass failed"), beside(work):
+    with pytest.raises(ValueError, match="pass failed"), beside(partial(work, n) for n in range(5)):
         assert started.wait(5)
         raise ValueError("the pass failed")
-    assert seen == [True]
+    assert done == [0]  # the task that was running finished; the others never started
 
 
 def test_beside_lets_an_interrupt_of_the_block_through() -> None:
-    def work(stopped: Callable[[], bool]) -> None:
+    def work() -> None:
         raise OSError("the copy failed")
 
-    with pytest.raises(KeyboardInterrupt), beside(work):
+    with pytest.raises(KeyboardInterrupt), beside([work]):
         raise KeyboardInterrupt

@@ -13,7 +13,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -346,13 +347,10 @@ def _writer(
         copies = [] if sink.copied else [k for k in order if k not in new and k not in fused]
         copied: dict[str, str] = {}
 
-        def copy_leaves(stopped: Callable[[], bool]) -> None:
-            for k in copies:
-                if stopped():
-                    return
-                digest = stream.copy(source.leaves[k], sink.leaves[k], HASH_ALGORITHM)
-                if digest is not None:
-                    copied[key_str(k)] = digest
+        def copy_leaf(k: Key) -> None:
+            digest = stream.copy(source.leaves[k], sink.leaves[k], HASH_ALGORITHM)
+            if digest is not None:
+                copied[key_str(k)] = digest
 
         records: list[KeyRecord] = []
 
@@ -400,7 +398,7 @@ def _writer(
                 )
             )
 
-        with beside(copy_leaves):
+        with beside(partial(copy_leaf, k) for k in copies):
             for key, c, cands in plans:
                 encode_key(key, c, cands)
         checksums = {**copied, **checksums}  # in the order of the leaves, as listed

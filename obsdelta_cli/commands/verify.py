@@ -4,6 +4,7 @@ manifest, rebuilding every key as ``inflate`` would."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -183,14 +184,11 @@ def check_dataset(
         if name not in fused:
             hashed.append((key, leaf))
 
-    def hash_leaves(stopped: Callable[[], bool]) -> None:
-        for key, leaf in hashed:
-            if stopped():
-                return
-            found = stream.copy(leaf, None, manifest.hash_algorithm)
-            expect_leaf(manifest, key, found, source.path)
+    def hash_leaf(key: Key, leaf: Any) -> None:
+        found = stream.copy(leaf, None, manifest.hash_algorithm)
+        expect_leaf(manifest, key, found, source.path)
 
-    with beside(hash_leaves):
+    with beside(partial(hash_leaf, key, leaf) for key, leaf in hashed):
         for s in stored:
             obs = key_str(s.pair.obs_key)
             check_pair(source, stream, s, manifest.hash_algorithm, fused.get(obs))

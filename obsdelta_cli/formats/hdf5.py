@@ -291,14 +291,16 @@ class HDF5Format(Format):
         kwargs = compression_kwargs(compression) if compression else None
         layouts = dict((source.meta or {}).get("hdf5_layouts") or {})
         new_layouts: dict[str, Any] = {}
+        groups = Groups(out)
         for key in plan.replaced:
             original = src[key_str(key)]
-            _keep_layout(out, original)
+            _keep_layout(groups, original)
             alloc = original.id.get_create_plist().get_alloc_time()
             new_layouts[key_str(key)] = {"maxshape": list(original.maxshape), "alloc_time": alloc}
         # By path: each is let go once made (see in_place).
         made = {
-            k: self._new_dataset(src, out, k, s, kwargs, layouts).name for k, s in plan.new.items()
+            k: self._new_dataset(src, groups, k, spec, kwargs, layouts).name
+            for k, spec in plan.new.items()
         }
         placed = in_place(out, [(name, plan.new[k].dtype) for k, name in made.items()], fd)
         leaves: dict[Key, Any] = {
@@ -328,7 +330,7 @@ class HDF5Format(Format):
     def _new_dataset(
         self,
         src: h5py.File,
-        out: h5py.File,
+        groups: Groups,
         key: Key,
         spec: LeafSpec,
         kwargs: dict[str, Any] | None,
@@ -336,7 +338,7 @@ class HDF5Format(Format):
     ) -> h5py.Dataset:
         path = key_str(key)
         parent, _, name = path.rpartition("/")
-        group = out.require_group(parent) if parent else out
+        group = groups(parent)
         dtype = h5_dtype(spec.dtype)
         if spec.replaces is not None:  # compress: a delta replacing a next-observation dataset
             original = src[key_str(spec.replaces)]
@@ -478,7 +480,7 @@ def _is_plain(ds: h5py.Dataset) -> bool:
     )
 
 
-def _keep_layout(out: h5py.File, original: h5py.Dataset) -> None:
+def _keep_layout(groups: Groups, original: h5py.Dataset) -> None:
     """A dataset with ``original``'s shape, dtype, creation properties and attributes that is
     never written, so it takes no storage; nothing for a plain dataset (``inflate`` recreates
     one from its shape and dtype). It has the batch shape, so readers that check every dataset
@@ -487,7 +489,7 @@ def _keep_layout(out: h5py.File, original: h5py.Dataset) -> None:
         return
     path = original.name.lstrip("/")
     parent, _, name = f"{REPLACED_TWINS}/{path}".rpartition("/")
-    group = out.require_group(parent)
+    group = groups(parent)
     dcpl = dcpl_like(original.id.get_create_plist(), True)
     chunked = dcpl.get_layout() == h5py.h5d.CHUNKED
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_INCR if chunked else h5py.h5d.ALLOC_TIME_LATE)
