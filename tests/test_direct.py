@@ -163,6 +163,21 @@ def test_a_range_partly_in_memory_is_read_directly(
         assert bytes(got) == bytes(again) == data.read_bytes()[: 1 << 20]
 
 
+def _hopper_like(folder: Path, rows: int) -> Path:
+    """A D4RL file of contiguous datasets, ``rows`` long, episodes of 1,000 steps."""
+    rng = np.random.default_rng(1)
+    obs = rng.standard_normal((rows + 1, 17), dtype=np.float32)
+    src = folder / "in.hdf5"
+    with h5py.File(src, "w") as f:
+        f["observations"] = obs[:-1]
+        f["next_observations"] = obs[1:]
+        f["actions"] = rng.standard_normal((rows, 3), dtype=np.float32)
+        f["rewards"] = rng.standard_normal(rows, dtype=np.float32)
+        f["terminals"] = np.zeros(rows, dtype=bool)
+        f["timeouts"] = np.arange(rows) % 1000 == 999
+    return src
+
+
 def test_every_large_read_of_an_hdf5_input_out_of_memory_is_direct(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -171,23 +186,16 @@ def test_every_large_read_of_an_hdf5_input_out_of_memory_is_direct(
     input then all bypass it, from the first to the last."""
     if not _direct_works(tmp_path):
         pytest.skip("the file system of the test folder refuses O_DIRECT (tmpfs)")
-    rows, width = 400_000, 17  # 27 MB per dataset: more than the kernel reads ahead
-    rng = np.random.default_rng(1)
-    obs = rng.standard_normal((rows + 1, width), dtype=np.float32)
-    src = tmp_path / "in.hdf5"
-    with h5py.File(src, "w") as f:
-        f["observations"] = obs[:-1]
-        f["next_observations"] = obs[1:]
-        f["actions"] = rng.standard_normal((rows, 3), dtype=np.float32)
-        f["rewards"] = rng.standard_normal(rows, dtype=np.float32)
-        f["terminals"] = np.zeros(rows, dtype=bool)
-        f["timeouts"] = np.arange(rows) % 1000 == 999
+    rows = 400_000  # 27 MB per dataset: more than the kernel reads ahead
+    src = _hopper_like(tmp_path, rows)
+    with h5py.File(src) as f:
+        obs = f["observations"][:]
     _evict(src)
     buffered: list[tuple[int, int]] = []
     original = ColdReads.read
 
-    def spy(self: ColdReads, offset: int, nbytes: int) -> Any:
-        got = original(self, offset, nbytes)
+    def spy(self: ColdReads, offset: int, nbytes: int, end: int | None = None) -> Any:
+        got = original(self, offset, nbytes, end)
         if got is None and nbytes >= direct.MIN_DIRECT and self.size == src.stat().st_size:
             buffered.append((offset, nbytes))
         return got
@@ -196,7 +204,10 @@ def test_every_large_read_of_an_hdf5_input_out_of_memory_is_direct(
     made = _direct_reads(monkeypatch)
     compress(src, tmp_path / "out.hdf5", codec="fp16", verify=False)
     assert buffered == []
-    assert sum(made) >= 2 * obs[:-1].nbytes  # observations and next observations, once each
+    assert sum(made) >= 2 * obs.nbytes  # observations and next observations, once each
+    # And no more: no window of one dataset runs on into the next (75 MB of this 62 MB file
+    # were read when one did).
+    assert sum(made) <= src.stat().st_size
     verify(tmp_path / "out.hdf5")
 
 
@@ -334,6 +345,28 @@ def test_reads_in_order_are_read_a_window_at_a_time(
     assert made[0] == step  # the first read follows none
     assert len(made) <= 2 + -(-SIZE // direct.WINDOW)  # not one read per read asked (11)
     assert sum(made) <= SIZE + step  # nothing read twice but the first read
+
+
+@pytest.mark.usefixtures("windows")
+def test_windows_stop_at_the_end_of_the_data_they_are_read_for(
+    data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two datasets one after the other, each read in order to its end: no window of the first
+    runs on into the second (which its own reads would read again), so every byte is read from
+    the disk once, apart from each dataset's first read and a page where they meet."""
+    whole = data.read_bytes()
+    made = _direct_reads(monkeypatch)
+    step, overlap, middle = 300_001, 44, (3 << 19) + 100
+    with _opened(data) as (fd, reads):
+        _evict(data)
+        for start, end in ((0, middle), (middle, SIZE)):
+            offset = start
+            while offset < end:
+                nbytes = min(step, end - offset)
+                got = read_exact(fd, offset, nbytes, str(data), reads, end)
+                assert bytes(got) == whole[offset : offset + nbytes]
+                offset += nbytes - overlap if offset + nbytes < end else nbytes
+    assert sum(made) <= SIZE + 2 * step + ALIGN
 
 
 @pytest.mark.usefixtures("windows")

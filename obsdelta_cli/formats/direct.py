@@ -264,21 +264,28 @@ class ColdReads:
         # Bit 0 of each byte says whether the page is cached (the others are reserved, zero).
         return bool(vec.all())
 
-    def read(self, offset: int, nbytes: int) -> np.ndarray | None:
+    def read(self, offset: int, nbytes: int, end: int | None = None) -> np.ndarray | None:
         """``nbytes`` at ``offset`` read with ``O_DIRECT`` if the read is large and not all its
         pages are cached (through a window, where it continues earlier reads; the window after
-        it is then read in the background); ``None`` if it should be buffered."""
+        it is then read in the background); ``None`` if it should be buffered. ``end``: where
+        the run of reads this one belongs to ends (a dataset's last byte), which no window
+        passes by more than its alignment.
+
+        Without it, the last window of one dataset ran on into the next, which its own reads,
+        or a copy of its raw chunks, then read a second time: 30 MB of the 280 MB read from
+        the disk to compress a D4RL file of 250 MB."""
         if not self.usable or nbytes < MIN_DIRECT:
             return None
+        limit = self.size if end is None else self._limit(max(end, offset + nbytes))
         got = _windows.copy(self._number, offset, nbytes)
         if isinstance(got, np.ndarray):
-            self._read_ahead(offset + nbytes)
+            self._read_ahead(offset + nbytes, limit)
             return got
         follows = got or any(a < offset <= b for a, b in list(self._spans))
         if self.cached(offset, nbytes):
             return None
         self._spans.append((offset, offset + nbytes))
-        size = min(WINDOW, self.size - offset)
+        size = min(WINDOW, limit - offset)
         w = _windows.take(self._number, offset, size) if follows and size > nbytes else None
         if w is None:
             return self.read_direct(offset, nbytes)
@@ -286,16 +293,21 @@ class ColdReads:
         got = _windows.copy(self._number, offset, nbytes)
         if not isinstance(got, np.ndarray):
             return None  # not read (refused, or the file ended early), or taken since: buffered
-        self._read_ahead(offset + nbytes)
+        self._read_ahead(offset + nbytes, limit)
         return got
 
-    def _read_ahead(self, offset: int) -> None:
-        """Read the window after the one ``offset`` (just past a read) ends, in the background,
-        unless it is read already, or cached."""
+    def _limit(self, end: int) -> int:
+        """Where windows for a run of reads ending at ``end`` stop: there, aligned up, within
+        the file (an unaligned end is read to its page's end all the same)."""
+        return min(self.size, -(-end // ALIGN) * ALIGN)
+
+    def _read_ahead(self, offset: int, limit: int) -> None:
+        """Read the window after the one ``offset`` (just past a read) ends, up to ``limit`` at
+        most, in the background, unless it is read already, or cached."""
         start = _windows.next_start(self._number, offset)
-        if start is None or start >= self.size:
+        if start is None or start >= limit:
             return
-        size = min(WINDOW, self.size - start)
+        size = min(WINDOW, limit - start)
         if self.cached(start, size):
             return
         w = _windows.take(self._number, start, size)

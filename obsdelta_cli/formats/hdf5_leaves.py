@@ -281,9 +281,8 @@ class H5Leaf(LazyLeaf):
         row_bytes = math.prod(self.shape[1:]) * self._stored.itemsize
         count = max(0, min(stop, self.shape[0]) - start)
         try:
-            out = read_exact(
-                fd, offset + start * row_bytes, count * row_bytes, str(self.file), cold
-            )
+            at, end = offset + start * row_bytes, offset + self.shape[0] * row_bytes
+            out = read_exact(fd, at, count * row_bytes, str(self.file), cold, end)
         except OSError:
             return None  # let HDF5 report it
         return out.view(self.dtype).reshape(count, *self.shape[1:])

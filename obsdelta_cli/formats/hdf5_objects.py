@@ -146,7 +146,9 @@ def hash_span(h: Any, fd: int, offset: int, size: int, cold: ColdReads | None = 
     done = 0
     while done < size:
         count = min(1 << 22, size - done)
-        direct = None if cold is None else cold.read(offset + done, min(count, PIECE))
+        direct = (
+            None if cold is None else cold.read(offset + done, min(count, PIECE), offset + size)
+        )
         piece = os.pread(fd, count, offset + done) if direct is None else direct.data
         if not piece:
             raise ValueError(f"storage at {offset} runs past the end of the file")

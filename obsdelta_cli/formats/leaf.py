@@ -117,14 +117,19 @@ _WINDOW = 1 << 26
 
 
 def read_exact(
-    fd: int, offset: int, nbytes: int, name: str, cold: ColdReads | None = None
+    fd: int,
+    offset: int,
+    nbytes: int,
+    name: str,
+    cold: ColdReads | None = None,
+    end: int | None = None,
 ) -> np.ndarray:
     """``nbytes`` bytes of ``fd`` at ``offset`` into a new uint8 buffer, with ``preadv`` (which may
     return less than asked, and releases the interpreter lock); a short file is an ``OSError``
     naming ``name``. With ``cold`` (for ``fd``), data not in memory is read past the page
-    cache."""
+    cache, read ahead no further than ``end`` (the data's end, if known)."""
     if cold is not None:
-        direct = cold.read(offset, nbytes)
+        direct = cold.read(offset, nbytes, end)
         if direct is not None:
             return direct
     out = np.empty(nbytes, dtype=np.uint8)
@@ -177,7 +182,8 @@ class FileLeaf(LazyLeaf):
         if self._cold is None:
             self._cold = ColdReads(self.fd)
         at, nbytes = start * self.row_bytes, count * self.row_bytes
-        out = read_exact(self.fd, at, nbytes, self.path, self._cold)
+        end = self.shape[0] * self.row_bytes
+        out = read_exact(self.fd, at, nbytes, self.path, self._cold, end)
         return out.view(self.dtype).reshape(count, *self.shape[1:])
 
     def feed(self, update: Callable[[memoryview], None]) -> bool:
