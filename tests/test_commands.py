@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -23,7 +24,7 @@ from obsdelta_cli.errors import DataError, UsageError
 from obsdelta_cli.manifest import FORMAT_VERSION
 from obsdelta_cli.stats import bit_equal_rows
 
-from .conftest import read_any
+from .conftest import read_any, tree_hash
 from .writers import WRITERS
 
 DTYPES = [torch.float16, torch.float32, torch.float64]
@@ -308,6 +309,50 @@ def test_exact_on_shuffled_rows_stays_correct_and_bounded(
     assert ("next", "observation") in TensorDict.load_memmap(tmp_path / "auto").keys(True, True)
 
 
+@pytest.mark.parametrize("fmt", ["ted-memmap", "d4rl-hdf5"])
+def test_a_key_that_does_not_pay_is_kept_as_if_measured_first(
+    tmp_path: Path, hopper: TensorDictBase, monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    """The default plans every key as paying for exact and lets the encoding pass find out.
+    A key that does not (its next observations shuffled) makes the output written again with
+    it kept as it is: its figures are those of measuring it first, and nothing of the first
+    attempt is left."""
+    module = importlib.import_module("obsdelta_cli.commands.compress")
+    order = torch.randperm(hopper.shape[0], generator=torch.Generator().manual_seed(0))
+    td = hopper.clone()
+    if fmt == "ted-memmap":  # a second key, after the one that pays
+        td["state"] = td["observation"] * 2
+        td["next", "state"] = td["next", "observation"][order] * 2
+    else:  # the one key of a D4RL file
+        td["next", "observation"] = td["next", "observation"][order]
+    src = WRITERS[fmt](td, tmp_path / "in")
+    writers = []
+    real = module._writer
+    monkeypatch.setattr(module, "_writer", lambda *a: writers.append(1) or real(*a))
+    there = set(tmp_path.iterdir())
+    result = compress(src, tmp_path / "auto", codec="auto")
+    assert set(tmp_path.iterdir()) - there == {tmp_path / "auto"}  # nothing else left
+    assert len(writers) == 2  # written once as planned, then again
+    kept = result.keys[-1]
+    assert kept.codec == "none" and kept.bytes_after == kept.bytes_before
+    fmt_, source = module.open_input(src)
+    try:
+        stream = module.stream_for(source, -1, 64)
+        pairs = module.pairs_of(fmt_, source, None, lambda d: True)
+        (group,) = [g for g in module.KeyGroup.group(source, pairs) if g.name == kept.key]
+        _codecs, figures, _totals = module.measure_key(stream, source, group, 0.0)
+    finally:
+        fmt_.close(source)
+    assert list(kept.candidates) == figures
+    assert figures[0].bytes_after >= kept.bytes_before  # exact would store more
+    inflate(tmp_path / "auto", tmp_path / "back")
+    if fmt == "ted-memmap":
+        assert tree_hash(tmp_path / "back") == tree_hash(src)
+    else:  # the shuffled next observations kept as they were
+        with h5py.File(tmp_path / "auto") as out:
+            assert np.array_equal(out["next_observations"][:], td["next", "observation"].numpy())
+
+
 def test_time_dim_finds_the_successor(tmp_path: Path, cheetah: TensorDictBase) -> None:
     time_first = cheetah.transpose(0, 1).contiguous()  # [T, B]
     src = WRITERS["ted-memmap"](time_first, tmp_path / "in")
@@ -409,7 +454,7 @@ def test_verify_reads_a_stored_leaf_once(
 
 
 @pytest.mark.parametrize("layout", ["ted-memmap", "robomimic-hdf5"])  # one pair a key; many
-def test_the_lossless_default_reads_only_until_exact_surely_pays(
+def test_the_lossless_default_reads_nothing_before_its_encoding_pass(
     layout: str, tmp_path: Path, hopper: TensorDictBase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     src = WRITERS[layout](hopper, tmp_path / "in")
@@ -424,8 +469,9 @@ def test_the_lossless_default_reads_only_until_exact_surely_pays(
 
     monkeypatch.setattr(module, "measure_pair", counted)
     keys = compress(src, tmp_path / "small", chunk_mb=0.01).keys
-    # Before encoding, a fraction of the rows was read: enough to know exact pays.
-    assert 0 < sum(measured) < sum(k.rows for k in keys) / 2
+    # Nothing is read before encoding: the encoding pass finds out that exact pays (a sixth
+    # of the rows was read twice when that was measured first).
+    assert measured == []
     # Its figures in the result are still those of every row, as a full measurement gives.
     monkeypatch.setattr(module, "measure_pair", measure)
     full = report(src, chunk_mb=0.01).keys
