@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import interrupts
+from .arrays import sorted_distinct
 from .checksum import Hasher
 from .formats.leaf import FlatRows, as_rows, is_data
 from .progress import current
@@ -92,7 +93,7 @@ class Geometry:
         rows = rows[(rows >= start) & (rows < stop)]
         tail = np.arange(max(start, min(stop, self.valid - self.step)), stop, dtype=np.int64)
         if tail.size:
-            rows = np.unique(np.concatenate([rows, tail]))  # sorted
+            rows = sorted_distinct(np.concatenate([rows, tail]))
         return rows - start
 
 

@@ -19,6 +19,7 @@ from obsdelta_cli.arrays import (
     from_torch,
     is_float,
     numpy_dtype,
+    sorted_distinct,
     to_torch,
     torch_dtype,
 )
@@ -105,3 +106,10 @@ def test_a_pt_input_imports_torch_where_it_needs_it(tmp_path: Path) -> None:
     out = tmp_path / "small.pt"
     imported = _imports(["compress", str(SAMPLES / "halfcheetah_ted.pt"), "-o", str(out)], tmp_path)
     assert "torch" in imported
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 7, 1000])
+def test_sorted_distinct_is_np_unique(size: int) -> None:
+    values = np.random.default_rng(size).integers(-5, 5, size)
+    got = sorted_distinct(values)
+    assert got.dtype == values.dtype and got.tolist() == np.unique(values).tolist()

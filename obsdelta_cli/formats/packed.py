@@ -37,7 +37,7 @@ import h5py
 import numpy as np
 import xxhash
 
-from ..arrays import BFLOAT16, DTYPES
+from ..arrays import BFLOAT16, DTYPES, sorted_distinct
 from ..errors import InputError, UsageError
 from ..filters import FRAME_DELTA, plugins, undo_frame_delta
 from .base import SIDECAR, ArrayStore, Format, Key, Plan, Sink, Source, key_str
@@ -157,7 +157,7 @@ class PackedLeaf(LazyLeaf):
         """Rows ``rows`` (sorted, distinct), decoding each chunk they touch once."""
         out = np.empty((len(rows), *self.shape[1:]), dtype=np.uint8)
         chunk_of = rows // self.chunk_rows
-        touched = [int(i) for i in np.unique(chunk_of)]
+        touched = [int(i) for i in sorted_distinct(chunk_of)]
         for index, frames in zip(touched, self._chunks(touched), strict=True):
             mask = chunk_of == index
             out[mask] = frames[rows[mask] - index * self.chunk_rows]
