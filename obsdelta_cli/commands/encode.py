@@ -5,7 +5,7 @@ pass."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -189,10 +189,8 @@ def measure_pair(
     pair: Pair,
     codecs: Sequence[Codec],
     bound: float | None,
-    enough: Callable[[list[ErrorStats]], bool] | None = None,
 ) -> list[ErrorStats]:
-    """Figures of every codec on ``pair``, reading it once, writing nothing; reading stops
-    after the first chunk for which ``enough(figures so far)`` is true."""
+    """Figures of every codec on ``pair``, reading it once, writing nothing."""
     stats = [ErrorStats() for _ in codecs]
     successors = any(c.uses_successor for c in codecs)
     for block, _sl, o, n, succ in chunks(stream, source, pair, successors):
@@ -200,6 +198,4 @@ def measure_pair(
             c = code_chunk(codec, o, n, succ, bound)
             s.count(c.verdict)
             s.update(n, c.rebuilt, exceptions=int(c.bad.size), same=c.verdict.same, block=block)
-        if enough is not None and enough(stats):
-            break
     return stats
