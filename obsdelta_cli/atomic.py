@@ -57,13 +57,25 @@ _RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
 
 
-def _fsync(path: Path) -> None:
-    """Flush one file or folder entry to stable storage."""
+def _fsync(path: Path, *, drop: bool = False) -> None:
+    """Flush one file or folder entry to stable storage; with ``drop``, then let the kernel
+    drop the file's pages from the page cache (see :func:`_fsync_tree`)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+        if drop:
+            _drop_cached(fd)
     finally:
         os.close(fd)
+
+
+def _drop_cached(fd: int) -> None:
+    """Ask the kernel to drop a flushed file's pages from the page cache (they are clean: it
+    frees them at once). A hint: where it is refused or unknown, nothing happens."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is not None:
+        with contextlib.suppress(OSError):
+            advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 _SYNC_FILE_RANGE_WRITE = 2
@@ -111,11 +123,19 @@ def write_back(path: Path) -> threading.Thread:
 
 
 def _fsync_tree(path: Path) -> None:
-    """Flush ``path`` (a file, or every file and folder below it) to stable storage."""
+    """Flush ``path`` (a file, or every file and folder below it) to stable storage, and drop
+    each file from the page cache once it is on disk.
+
+    An output is read back (verified) before it is flushed, and not again: its pages would
+    only push other data out of memory. Freed, they are the pages the next output is written
+    to. Fresh pages cost far more: writing 8 files of 134 MB to the page cache took 0.8-2.3 s
+    when each stayed cached and 0.28-0.35 s when each was dropped once flushed, and ``compress
+    --jobs 1`` of 8 D4RL files of 250 MB went from 7.1-7.8 s to 5.4-5.6 s (a virtual machine
+    whose memory the host backs anew once it was freed)."""
     paths = [path] if path.is_file() else [*path.rglob("*"), path]
     for p in paths:
         if not p.is_symlink():
-            _fsync(p)
+            _fsync(p, drop=p.is_file())
 
 
 #: Working folders whose outputs are read back at once and deleted (``--pack``'s inner
