@@ -4,9 +4,7 @@ space, and write failures at any moment."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
-import mmap
 import os
 import random
 import resource
@@ -35,11 +33,11 @@ from obsdelta_cli.atomic import (
     release_locks,
 )
 from obsdelta_cli.errors import OutputError
-from obsdelta_cli.formats import direct
 from obsdelta_cli.formats.base import LeafSpec, Plan, Source
 
 from .conftest import SAMPLE, tree_hash
 from .test_cli_errors import assert_one_error_line
+from .test_direct import cached_pages
 from .writers import WRITERS
 
 
@@ -664,27 +662,6 @@ def test_what_a_killed_run_left_is_removed_unless_another_run_writes_the_output(
     assert sorted(tmp_path.iterdir()) == []
 
 
-def _cached_pages(path: Path) -> int:
-    """Pages of the file ``path`` in the page cache (``mincore`` on a mapping never touched)."""
-    libc = direct._c()
-    assert libc is not None
-    size = path.stat().st_size
-    if size == 0:
-        return 0
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        base = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        assert base not in (None, ctypes.c_void_p(-1).value)
-        try:
-            vec = np.zeros(-(-size // mmap.PAGESIZE), dtype=np.uint8)
-            assert libc.mincore(base, size, vec.ctypes.data) == 0
-            return int((vec & 1).sum())
-        finally:
-            libc.munmap(base, size)
-    finally:
-        os.close(fd)
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="posix_fadvise and mincore")
 @pytest.mark.parametrize("name", ["hopper_ted", "hopper_d4rl.hdf5", "pong_pixels.pt"])
 def test_outputs_leave_the_page_cache_once_on_disk_and_inputs_stay(
@@ -697,23 +674,23 @@ def test_outputs_leave_the_page_cache_once_on_disk_and_inputs_stay(
     probe = tmp_path / "probe"
     probe.write_bytes(bytes(1 << 16))
     os.sync()
-    if _cached_pages(probe) == 0:
+    if cached_pages(probe) == 0:
         pytest.skip("this file system keeps no page cache of its own (tmpfs dropped nothing)")
     inputs = [p for p in ([src] if src.is_file() else src.rglob("*")) if p.is_file()]
     for p in inputs:
         p.read_bytes()  # cached, as a file just written or read is
-    cached = {p: _cached_pages(p) for p in inputs}
+    cached = {p: cached_pages(p) for p in inputs}
     assert sum(cached.values()) > 0
     out = tmp_path / "small"
     compress(src, out)
     files = [p for p in ([out] if out.is_file() else out.rglob("*")) if p.is_file()]
     assert files and sum(p.stat().st_size for p in files) > 64 << 10
-    assert {p.name: _cached_pages(p) for p in files} == {p.name: 0 for p in files}
-    assert {p: _cached_pages(p) for p in inputs} == cached
+    assert {p.name: cached_pages(p) for p in files} == {p.name: 0 for p in files}
+    assert {p: cached_pages(p) for p in inputs} == cached
     work = tmp_path / "work"
     work.mkdir()
     with atomic.scratch_folder(work):
         compress(src, work / "inner")
     inner = [p for p in (work / "inner").rglob("*") if p.is_file()] or [work / "inner"]
-    assert sum(_cached_pages(p) for p in inner) > 0
+    assert sum(cached_pages(p) for p in inner) > 0
     verify(out)

@@ -5,7 +5,9 @@ as from one in memory."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import mmap
 import os
 import shutil
 import threading
@@ -289,6 +291,27 @@ def _direct_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return made
 
 
+def cached_pages(path: Path) -> int:
+    """Pages of the file ``path`` in the page cache (``mincore`` on a mapping never touched)."""
+    libc = direct._c()
+    assert libc is not None
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        base = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert base not in (None, ctypes.c_void_p(-1).value)
+        try:
+            vec = np.zeros(-(-size // mmap.PAGESIZE), dtype=np.uint8)
+            assert libc.mincore(base, size, vec.ctypes.data) == 0
+            return int((vec & 1).sum())
+        finally:
+            libc.munmap(base, size)
+    finally:
+        os.close(fd)
+
+
 def _contents(path: Path) -> list[tuple[Path, bytes]]:
     return sorted((p.relative_to(path), p.read_bytes()) for p in _files(path))
 
@@ -468,3 +491,25 @@ def test_a_window_being_read_is_neither_taken_nor_read_from(
     waiting.join(timeout=10)
     assert got and bytes(got[0]) == bytes(data[100:110])
     assert windows.take(2, 0, 4096) is w  # read: free to be taken again
+
+
+def test_verify_reads_the_observations_of_a_folder_out_of_memory_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Observations not in memory are hashed from the reads that rebuild the next ones, past
+    the page cache: not mapped (which would read them into the cache, and once more)."""
+    if not _direct_works(tmp_path):
+        pytest.skip("the file system of the test folder refuses O_DIRECT (tmpfs)")
+    from tensordict import TensorDict
+
+    rows = 200_000  # 13.6 MB of observations
+    obs = np.random.default_rng(0).standard_normal((rows + 1, 17)).astype(np.float32)
+    td = TensorDict({"observation": obs[:-1], "next": {"observation": obs[1:]}}, batch_size=[rows])
+    td.memmap(tmp_path / "run")
+    compress(tmp_path / "run", tmp_path / "small")
+    observations = tmp_path / "small" / "observation.memmap"
+    _evict(observations)
+    made = _direct_reads(monkeypatch)
+    verify(tmp_path / "small")
+    assert cached_pages(observations) == 0
+    assert obs[:-1].nbytes <= sum(made) <= obs[:-1].nbytes + 2 * (8 << 20)

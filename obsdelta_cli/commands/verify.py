@@ -156,17 +156,18 @@ def check_dataset(
     check_leaves(source, manifest)
     stream = stream_for(source, manifest.time_dim, chunk_mb)
     # Observations that cannot be hashed as stored (a packed file's, decoded as they are read)
-    # are hashed from the reads that rebuild the next observations, not decoded a second
-    # time, where every row is valid: against their leaf checksum, or the hash of values
-    # that stands for their object. Those of a file hashed as stored are not: that pass
+    # or are not in memory are hashed from the reads that rebuild the next observations, not
+    # read a second time, where every row is valid: against their leaf checksum, or the hash
+    # of values that stands for their object. Those of a file in memory are not: that pass
     # reads the page cache at memory speed and runs beside the rebuild.
     values = fmt.value_hashes(source) if manifest.hash_algorithm == HASH_ALGORITHM else {}
     expected = {**values, **manifest.checksums}
     fused: dict[str, str] = {}
     for pair in (s.pair for s in stored):
         name, leaf = key_str(pair.obs_key), source.leaves[pair.obs_key]
-        feed = getattr(leaf, "feed", None)
-        if name in expected and feed is None and _all_valid(stream.geometry(leaf)):
+        in_memory = getattr(leaf, "in_memory", None)
+        apart = in_memory is not None and in_memory()
+        if name in expected and not apart and _all_valid(stream.geometry(leaf)):
             fused[name] = expected[name]
     if manifest.version >= 2:
         check_objects(fmt, source, manifest, later=frozenset(fused.keys() & values.keys()))

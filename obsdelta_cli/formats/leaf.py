@@ -186,13 +186,20 @@ class FileLeaf(LazyLeaf):
         out = read_exact(self.fd, at, nbytes, self.path, self._cold, end)
         return out.view(self.dtype).reshape(count, *self.shape[1:])
 
+    def in_memory(self) -> bool:
+        """Whether every page of the leaf is in the page cache."""
+        if self._cold is None:
+            self._cold = ColdReads(self.fd)
+        return self._cold.cached(0, math.prod(self.shape) * self.dtype.itemsize)
+
     def feed(self, update: Callable[[memoryview], None]) -> bool:
         """Pass the leaf's bytes to ``update`` in order, through read-only mapped windows (no
         copy: hashing a file already in the page cache runs at memory speed); ``False``, having
         passed nothing, when the file is shorter than the leaf (the caller's reads then fail
-        with a clear error instead of a bus error)."""
+        with a clear error instead of a bus error) or not all in memory (mapped pages would
+        fill the page cache, and :meth:`read` reads past it at the disk's speed)."""
         nbytes = math.prod(self.shape) * self.dtype.itemsize
-        if os.fstat(self.fd).st_size < nbytes:
+        if os.fstat(self.fd).st_size < nbytes or not self.in_memory():
             return False
         for offset in range(0, nbytes, _WINDOW):
             with mmap.mmap(
