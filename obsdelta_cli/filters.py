@@ -24,8 +24,8 @@ import math
 import os
 import re
 import threading
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -214,25 +214,6 @@ class ThreadsPerCore:
 
 #: The chunk encoders.
 pool = ThreadsPerCore("obsdelta-encode")
-
-
-def encode_chunks(
-    blocks: Iterator[tuple[int, np.ndarray]], per_chunk: int, flt: Filter
-) -> Iterator[tuple[int, bytes]]:
-    """``(first row, stored bytes)`` of every chunk of ``blocks`` (``(first row, rows)``, each
-    starting on a chunk boundary), in order, encoded on :func:`pool` while the next blocks
-    are read; at most a few blocks are held at once."""
-    pending: list[tuple[int, Future[bytes]]] = []
-    ahead = 2 * workers()
-    for start, rows in blocks:
-        for offset in range(0, len(rows), per_chunk):
-            part = rows[offset : offset + per_chunk]
-            pending.append((start + offset, pool().submit(flt.encode, part, per_chunk)))
-        while len(pending) > ahead:
-            first, future = pending.pop(0)
-            yield first, future.result()
-    for first, future in pending:
-        yield first, future.result()
 
 
 def is_image(dtype: np.dtype, shape: Sequence[int]) -> bool:

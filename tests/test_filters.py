@@ -22,7 +22,6 @@ from obsdelta_cli.filters import (
     choose,
     chunk_rows,
     compressed_size,
-    encode_chunks,
     frame_delta,
     sample_rows,
     undo_frame_delta,
@@ -58,7 +57,7 @@ def values(
 
 
 def write(path: Path, values: np.ndarray, flt: Filter, per: int) -> None:
-    """``values`` as a packed dataset: chunks encoded on the pool, written as stored bytes."""
+    """``values`` as a packed dataset: chunks encoded by ``flt``, written as stored bytes."""
     import hdf5plugin  # noqa: F401 - registers the Zstd filter
 
     with h5py.File(path, "w") as f:
@@ -67,7 +66,8 @@ def write(path: Path, values: np.ndarray, flt: Filter, per: int) -> None:
             **flt.kwargs(),
         )  # fmt: skip
         tail = (0,) * (values.ndim - 1)
-        for first, data in encode_chunks(iter([(0, values)]), per, flt):
+        for first in range(0, len(values), per):
+            data = flt.encode(np.ascontiguousarray(values[first : first + per]), per)
             ds.id.write_direct_chunk((first, *tail), data)
 
 

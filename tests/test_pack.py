@@ -3,6 +3,7 @@ from, verified, predicted by ``report --pack`` and inflated back to the original
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -19,10 +20,11 @@ from tensordict import TensorDictBase
 
 from obsdelta_cli import compress, inflate, open_dataset, report, verify
 from obsdelta_cli.commands.common import open_input
-from obsdelta_cli.commands.pack import PACKABLE
+from obsdelta_cli.commands.pack import FOLDERS, PACKABLE
 from obsdelta_cli.errors import DataError, ObsdeltaError
 from obsdelta_cli.filters import MIN_PACK_BYTES
 from obsdelta_cli.formats import detect
+from obsdelta_cli.formats.leaf import FileLeaf
 from obsdelta_cli.formats.packed import NAME, TRANSFORM_ATTR
 from obsdelta_cli.manifest import FORMAT_VERSION
 from obsdelta_cli.render import _size
@@ -543,3 +545,107 @@ def test_samples_pack_smaller_than_zstd_3(name: str, tmp_path: Path) -> None:
     packed = tmp_path / "p.h5"
     compress(src, packed, pack=True)
     assert packed.stat().st_size < zstd_3
+
+
+def _packed_both_ways(
+    src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **options: Any
+) -> tuple[Path, Path, list[str]]:
+    """``src`` packed as the inner container is written (a folder's kept leaves straight into
+    the packed file) and, for comparison, from a complete inner container; and the keys the
+    packing step read from the inner container in the first."""
+    module = importlib.import_module("obsdelta_cli.formats.pack_io")
+    read: list[str] = []
+    real = module.pack_leaf
+    monkeypatch.setattr(
+        module, "pack_leaf", lambda leaf, key, *a: read.append(key) or real(leaf, key, *a)
+    )
+    compress(src, tmp_path / "early.h5", pack=True, **options)
+    first = list(read)  # by the first only
+    with monkeypatch.context() as m:
+        m.setattr(importlib.import_module("obsdelta_cli.commands.pack"), "FOLDERS", ())
+        compress(src, tmp_path / "after.h5", pack=True, **options)
+    return tmp_path / "early.h5", tmp_path / "after.h5", ["/".join(k) for k in first]
+
+
+@pytest.mark.parametrize("name", FOLDERS)
+@pytest.mark.parametrize("codec", ["auto", "fp16"])
+def test_a_folder_s_kept_leaves_go_straight_into_the_packed_file(
+    name: str, codec: str, tmp_path: Path, hopper: TensorDictBase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leaves a folder keeps unchanged are encoded into the packed file while the input is
+    read, not written to the working copy and packed from there: the packed file holds the
+    same objects either way, and gives the input back."""
+    src = input_in(name, tmp_path, hopper)
+    early, after, read = _packed_both_ways(src, tmp_path, monkeypatch, codec=codec)
+    with h5py.File(early) as f:
+        kept = [p for p in _datasets(f) if not p.startswith("obsdelta/") and "delta" not in p]
+    assert kept and not set(kept) & set(read)
+    assert h5_objects(early) == h5_objects(after)
+    verify(early)
+    inflate(early, tmp_path / "back")
+    inflate(after, tmp_path / "reference")  # lossless: the input itself
+    same_container(tmp_path / "reference", tmp_path / "back")
+    if codec == "auto":
+        same_container(src, tmp_path / "back")
+
+
+def test_a_folder_packed_again_for_a_key_that_does_not_pay_rewrites_its_chunks_in_place(
+    tmp_path: Path, hopper: TensorDictBase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key whose next observations do not follow its observations makes the inner container
+    written again (see ``Unpaid``): each leaf going straight into the packed file is written
+    again from its first row, its chunks in place: no chunk is stored twice (each here takes
+    tens of KB; the files differ by the order their objects were made in)."""
+    td = hopper.clone()
+    order = torch.randperm(td.shape[0], generator=torch.Generator().manual_seed(0))
+    td["state"] = td["observation"] * 2
+    td["next", "state"] = td["next", "observation"][order] * 2
+    src = write_memmap(td, tmp_path / "in")
+    early, after, _read = _packed_both_ways(src, tmp_path, monkeypatch)
+    assert h5_objects(early) == h5_objects(after)
+    with h5py.File(early) as f:
+        smallest = min(f[p].id.get_storage_size() for p in ("observation", "state"))
+    assert smallest > 16 << 10
+    assert early.stat().st_size <= after.stat().st_size + 4096
+    assert [(k.key, k.codec) for k in report(early).keys] == [("next/observation", "exact")]
+    verify(early)
+    inflate(early, tmp_path / "back")
+    assert tree_hash(tmp_path / "back") == tree_hash(src)
+
+
+@pytest.mark.parametrize("block", [1, 7, 100, 101, 3000])
+def test_rows_given_in_any_blocks_are_stored_as_a_whole_pass_stores_them(
+    block: int, tmp_path: Path
+) -> None:
+    """A leaf written row block by row block (the blocks of a pass, not the chunks) is stored
+    chunk for chunk as packing it whole stores it, with the same entry."""
+    module = importlib.import_module("obsdelta_cli.formats.pack_io")
+    rows = np.random.default_rng(0).integers(0, 4, (1003, 21, 16), dtype=np.uint8).cumsum(0)
+    rows = rows.astype(np.uint8)
+    leaf = FileLeaf(_raw(tmp_path / "frames.memmap", rows), rows.dtype, rows.shape)
+    try:
+        with module.packed_output(tmp_path / "whole.h5") as f:
+            whole = module.pack_leaf(leaf, ("frames",), f, module.Chooser())
+        with module.packed_output(tmp_path / "blocks.h5") as f:
+            early = module.Early(f, module.Chooser())
+            writer = early(("frames",), leaf)
+            for start in range(0, len(rows), block):
+                writer.write(start, rows[start : start + block])
+            (entry,) = early.entries().values()
+    finally:
+        leaf.close()
+    assert entry == whole and entry["filter"]
+    assert h5_objects(tmp_path / "blocks.h5") == h5_objects(tmp_path / "whole.h5")
+    with h5py.File(tmp_path / "blocks.h5") as f:
+        ds = f["frames"]
+        chunks = [ds.id.read_direct_chunk((i, 0, 0)) for i in range(0, len(rows), ds.chunks[0])]
+    with h5py.File(tmp_path / "whole.h5") as f:
+        ds = f["frames"]
+        assert chunks == [
+            ds.id.read_direct_chunk((i, 0, 0)) for i in range(0, len(rows), ds.chunks[0])
+        ]
+
+
+def _raw(path: Path, rows: np.ndarray) -> Path:
+    path.write_bytes(rows.tobytes())
+    return path

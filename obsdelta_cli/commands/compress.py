@@ -13,7 +13,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -202,6 +203,7 @@ def compress(
     pack: bool = False,
     flat: bool = False,
     copy_if_nothing: bool = False,
+    divert: Callable[[Key, Any], Any] | None = None,
 ) -> DatasetResult:
     """Write ``output``: ``input`` with each selected next observation stored by a codec.
 
@@ -214,7 +216,8 @@ def compress(
     With ``pack``, ``output`` is one packed HDF5 file (:mod:`.pack`); with ``flat`` too, each
     key's datasets of an HDF5 file's episodes are stored as one. ``copy_if_nothing``
     (what ``--pack`` packs): an input with no next observations (Minari, D4RL AntMaze) is
-    copied with its manifest, where it would be refused.
+    copied with its manifest, where it would be refused; ``divert`` (``--pack`` too): see
+    :attr:`~obsdelta_cli.formats.base.Plan.divert`.
     """
     if pack:
         from .pack import compress_packed
@@ -285,6 +288,7 @@ def compress(
         while True:
             results: list[KeyResult] = []
             plan, fill = _writer(source, fmt, stream, plans, bound, exceptions, options, results)
+            plan = replace(plan, divert=divert)
             try:
                 write(fmt, source, output, plan, fill, force, check)
                 break

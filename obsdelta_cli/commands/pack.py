@@ -22,7 +22,7 @@ from ..formats import FORMATS, detect, disk_size
 from ..formats.hdf5 import HDF5Format
 from ..formats.hdf5_leaves import h5_file
 from ..formats.pack_flat import largest_family
-from ..formats.pack_io import Chooser, pack, unpack
+from ..formats.pack_io import Chooser, Early, pack, pack_into, packed_output, unpack
 from ..formats.packed import NAME
 from ..report import DatasetResult
 from .common import DEFAULT_CHUNK_MB, manifest_of, open_input
@@ -40,6 +40,9 @@ PACKABLE = (
     "ted-hdf5",
     "minari-hdf5",
 )
+#: Inputs whose leaves ``--pack`` writes into the packed file as it compresses (folders of
+#: ``.memmap`` files), rather than to a working copy it then packs.
+FOLDERS = ("ted-memmap", "torchrl-rb")
 #: Inputs ``--pack --flat`` takes: HDF5 files.
 FLATTENABLE = ("d4rl-hdf5", "robomimic-hdf5", "ted-hdf5", "minari-hdf5")
 #: What ``compress --pack --flat`` adds to what it says.
@@ -124,17 +127,25 @@ def compress_packed(
         work = _work_dir(output)
         try:
             inner = work / _inner_name(input)
-            # Not verified here: the packed file is verified as a whole below. Nor flushed to
-            # disk: it is read back at once from memory and deleted.
-            with scratch_folder(work):
-                result = compress(
-                    input, inner, chunk_mb=chunk_mb, verify=False, copy_if_nothing=True, **options
-                )
-            fmt, source = open_input(inner)
-            try:
-                pack(source, fmt.name, manifest_of(source), tmp, Chooser(), flat=flat)
-            finally:
-                fmt.close(source)
+            with packed_output(tmp) as f:
+                chooser = Chooser()
+                # A folder's leaves kept unchanged go straight into the packed file as the
+                # inner container is written, encoded while the input is read.
+                early = Early(f, chooser) if name in FOLDERS else None
+                # Not verified here: the packed file is verified as a whole below. Nor flushed
+                # to disk: it is read back at once from memory and deleted.
+                with scratch_folder(work):
+                    result = compress(
+                        input, inner, chunk_mb=chunk_mb, verify=False, copy_if_nothing=True,
+                        divert=early, **options,
+                    )  # fmt: skip
+                fmt, source = open_input(inner)
+                try:
+                    written = None if early is None else early.entries()
+                    pack_into(f, source, fmt.name, manifest_of(source), chooser, flat=flat,
+                              early=written)  # fmt: skip
+                finally:
+                    fmt.close(source)
         except BaseException:
             _remove(work)
             raise

@@ -154,6 +154,10 @@ class Plan:
     #: Unchanged leaves the encoding pass reads whole, in order (observations): it writes them
     #: as it reads them, rather than a copy reading them from the disk a second time.
     streamed: frozenset[Key] = frozenset()
+    #: ``compress --pack``: called with a kept leaf's key and its input leaf, the leaf to write
+    #: it to instead of the output's own file (which a folder then leaves empty), or ``None``
+    #: (see :class:`~obsdelta_cli.formats.pack_io.Early`).
+    divert: Callable[[Key, Any], Any] | None = None
 
 
 @dataclass

@@ -352,6 +352,12 @@ def write_tree(
                     continue
                 with open(file, "wb") as fh:
                     fh.truncate(size)
+                elsewhere = None
+                if plan.divert is not None and key not in plan.new:
+                    elsewhere = plan.divert(key, tree.leaves[key])  # the file stays empty
+                if elsewhere is not None:
+                    leaves[key] = elsewhere
+                    continue
                 leaves[key] = FileLeaf(file, dtype, tuple(shape), writable=True)
             elif key in tree.leaves:
                 leaves[key] = tree.leaves[key]

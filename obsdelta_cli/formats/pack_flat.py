@@ -55,8 +55,15 @@ from .hdf5_leaves import (
 from .hdf5_safety import check_contained, damaged_pack
 from .leaf import LazyLeaf
 from .pack_columns import plan_columns, write_virtual
-from .pack_io import Chooser, _absent_chunks, _repacked, _write_kept, copy_structure, write_bytes
-from .pack_io import write_dataset as _write_dataset
+from .pack_io import (
+    Chooser,
+    DatasetWriter,
+    _absent_chunks,
+    _repacked,
+    _write_kept,
+    copy_structure,
+    write_bytes,
+)
 from .packed import PACK, byte_blocks, repacked_leaf
 
 #: The families' datasets.
@@ -216,7 +223,8 @@ def pack_flat(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, Any
             def read(start: int, stop: int, concat: Concat = concat) -> np.ndarray:
                 return concat[start:stop]
 
-            entry = _write_dataset(group, leaf, column, read, concat.shape, concat.dtype, chooser)
+            writer = DatasetWriter(group, leaf, column, read, concat.shape, concat.dtype, chooser)
+            entry = writer.fill()
         else:
             entry = _write_kept(concat, column, groups, chooser, plan)
             write_virtual(group, leaf, concat, plan)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Container, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,10 +31,11 @@ from ..filters import (
     Filter,
     choose,
     chunk_rows,
-    encode_chunks,
     family,
     minimal_headers,
+    pool,
     sample_rows,
+    workers,
 )
 from ..manifest import Manifest
 from .base import SIDECAR, Key, Source, key_str, write_sidecar
@@ -113,57 +115,165 @@ def _stored(a: np.ndarray) -> np.ndarray:
     return a.view(np.uint16) if a.dtype == BFLOAT16 else a
 
 
-def write_dataset(
-    group: h5py.Group,
-    name: str,
-    path: str,
-    read: Reader,
-    shape: tuple[int, ...],
-    dtype: np.dtype,
-    chooser: Chooser,
-) -> dict[str, Any]:
-    """Create dataset ``name`` of ``group`` chunked along its first dimension with the chosen
-    filter and fill it from ``read``; return its entry for the manifest (filter, hash).
+class DatasetWriter:
+    """Dataset ``name`` of ``group``, chunked along its first dimension with the filter
+    ``chooser`` picks for its key ``path`` (measured on rows from ``read``), filled with rows
+    in order: each chunk is encoded on a pool of threads once its rows are all given, and
+    written as stored bytes, while the rows that follow come; they are hashed as they come.
 
-    Chunks are encoded on a pool of threads (:func:`~obsdelta_cli.filters.encode_chunks`) and
-    written as stored bytes, while the rows that follow are read and hashed."""
-    per = chunk_rows(shape, dtype.itemsize)
-    flt = chooser.pick(path, read, shape, per)
-    ds = group.create_dataset(
-        name,
-        shape=shape,
-        dtype=dtype,
-        chunks=(per, *shape[1:]),
-        track_times=False,
-        **flt.kwargs(),
-    )
-    if flt.transform:
-        ds.attrs[TRANSFORM_ATTR] = flt.transform
-    dsid, tail = ds.id, (0,) * (len(shape) - 1)
+    :meth:`fill` fills it from ``read``; :class:`Early` has the compress pass give the rows."""
 
-    def rows(start: int, stop: int) -> np.ndarray:
-        return np.ascontiguousarray(read(start, stop), dtype=dtype)
+    def __init__(
+        self,
+        group: h5py.Group,
+        name: str,
+        path: str,
+        read: Reader,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        chooser: Chooser,
+    ) -> None:
+        self.path, self.read, self.shape, self.dtype = path, read, shape, np.dtype(dtype)
+        self.sample = chooser.sample
+        self.per = chunk_rows(shape, self.dtype.itemsize)
+        self.flt = chooser.pick(path, read, shape, self.per)
+        self.ds = group.create_dataset(
+            name,
+            shape=shape,
+            dtype=self.dtype,
+            chunks=(self.per, *shape[1:]),
+            track_times=False,
+            **self.flt.kwargs(),
+        )
+        if self.flt.transform:
+            self.ds.attrs[TRANSFORM_ATTR] = self.flt.transform
+        self._chooser = chooser
+        self._tail = (0,) * (len(shape) - 1)
+        self.begin()
 
-    if chooser.sample:
-        taken = stored = 0
-        for sl in sample_rows(shape[0], per):
-            data = flt.encode(rows(sl.start, sl.stop), per)
-            dsid.write_direct_chunk((sl.start, *tail), data)
-            taken, stored = taken + sl.stop - sl.start, stored + len(data)
-        chooser.extra += stored * (shape[0] / taken - 1)
-        return {"filter": flt.name, "chunk_rows": per, "values": ""}
-    h = xxhash.xxh3_64()
-    step = per * max(1, BLOCK_BYTES // max(1, per * math.prod(shape[1:]) * dtype.itemsize))
+    def begin(self) -> None:
+        """Start again from the first row (the inner container is written again, see
+        :class:`~obsdelta_cli.commands.compress.Unpaid`): each chunk is written again, in
+        place, with the same bytes."""
+        self.done = 0
+        self.hash = xxhash.xxh3_64()
+        self._rows: np.ndarray | None = None  # the chunk being filled, from row _first
+        self._first = self._filled = 0
+        self._pending: list[tuple[int, Future[bytes]]] = []
 
-    def blocks() -> Iterator[tuple[int, np.ndarray]]:
-        for start in range(0, shape[0], step):
-            block = rows(start, min(shape[0], start + step))
-            h.update(block.reshape(-1).view(np.uint8).data)
-            yield start, block
+    def fill(self) -> dict[str, Any]:
+        """Write every row from ``read``, :data:`BLOCK_BYTES` at a time (with the chooser's
+        ``sample``, only its sampled chunks, and add what the others would take to its
+        ``extra``); return the dataset's entry for the manifest (filter, hash)."""
+        if self.sample:
+            taken = stored = 0
+            for sl in sample_rows(self.shape[0], self.per):
+                data = self.flt.encode(self._given(self.read(sl.start, sl.stop)), self.per)
+                self.ds.id.write_direct_chunk((sl.start, *self._tail), data)
+                taken, stored = taken + sl.stop - sl.start, stored + len(data)
+            self._chooser.extra += stored * (self.shape[0] / taken - 1)
+            return {"filter": self.flt.name, "chunk_rows": self.per, "values": ""}
+        row = math.prod(self.shape[1:]) * self.dtype.itemsize
+        step = self.per * max(1, BLOCK_BYTES // max(1, self.per * row))
+        for start in range(0, self.shape[0], step):
+            self.write(start, self.read(start, min(self.shape[0], start + step)), owned=True)
+        return self.finish()
 
-    for first, data in encode_chunks(blocks(), per, flt):
-        dsid.write_direct_chunk((first, *tail), data)
-    return {"filter": flt.name, "chunk_rows": per, "values": h.hexdigest()}
+    def _given(self, value: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(value, dtype=self.dtype)
+
+    def write(self, start: int, value: np.ndarray, *, owned: bool = False) -> None:
+        """Rows ``start:start + len(value)``, the rows before them all given; ``owned``: the
+        caller leaves ``value`` alone from now on (whole chunks of it are encoded without a
+        copy)."""
+        if start != self.done:  # the pass writes every leaf in order
+            raise RuntimeError(f"{self.path}: rows from {start} given after {self.done}")
+        rows = self._given(value)
+        self.hash.update(rows.reshape(-1).view(np.uint8).data)
+        at = 0
+        while at < len(rows):
+            if owned and self._filled == 0 and len(rows) - at >= self.per:
+                self._rows, self._filled = rows[at : at + self.per], self.per
+                at += self.per
+            else:
+                if self._rows is None:  # a new one: the pool may be encoding the last one
+                    self._rows = np.empty((self.per, *self.shape[1:]), dtype=self.dtype)
+                take = min(self.per - self._filled, len(rows) - at)
+                self._rows[self._filled : self._filled + take] = rows[at : at + take]
+                self._filled += take
+                at += take
+            if self._filled == self.per:
+                self._submit()
+        self.done += len(rows)
+        while len(self._pending) > 2 * workers() or (self._pending and self._pending[0][1].done()):
+            self._put(*self._pending.pop(0))
+
+    def _submit(self) -> None:
+        """Encode the chunk filled so far on the pool."""
+        assert self._rows is not None
+        rows = self._rows[: self._filled]
+        self._pending.append((self._first, pool().submit(self.flt.encode, rows, self.per)))
+        self._first += self._filled
+        self._rows, self._filled = None, 0
+
+    def _put(self, first: int, future: Future[bytes]) -> None:
+        self.ds.id.write_direct_chunk((first, *self._tail), future.result())
+
+    def finish(self) -> dict[str, Any]:
+        """Write what is left; the dataset's entry for the manifest (filter, hash)."""
+        if self._filled:
+            self._submit()
+        while self._pending:
+            self._put(*self._pending.pop(0))
+        if self.done != self.shape[0]:
+            raise RuntimeError(f"{self.path}: {self.done} of {self.shape[0]} rows given")
+        return {"filter": self.flt.name, "chunk_rows": self.per, "values": self.hash.hexdigest()}
+
+
+class Leaf(LazyLeaf):
+    """A leaf of a folder inner container whose rows go to a :class:`DatasetWriter` (see
+    :class:`Early`): written, never read."""
+
+    def __init__(self, writer: DatasetWriter) -> None:
+        self.writer, self.shape, self.dtype = writer, writer.shape, writer.dtype
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        raise UsageError("a leaf being packed is not read back", key=self.writer.path)
+
+    def write(self, start: int, value: np.ndarray) -> None:
+        self.writer.write(start, value)
+
+
+class Early:
+    """The leaves of a folder inner container that go straight into the packed file ``out``
+    as the inner container is written (``compress --pack``), rather than to the inner
+    container's files (left sparse, never written or read) and from there into the packed file:
+    the leaves kept unchanged, of at least :data:`~obsdelta_cli.filters.MIN_PACK_BYTES`, not
+    bfloat16. Called with a key and its input leaf, it gives the leaf to write, or ``None``."""
+
+    def __init__(self, out: h5py.File, chooser: Chooser) -> None:
+        self.out, self.chooser = out, chooser
+        self.writers: dict[Key, DatasetWriter] = {}
+
+    def __call__(self, key: Key, source: LazyLeaf) -> Leaf | None:
+        writer = self.writers.get(key)
+        if writer is not None:  # the inner container written again
+            writer.begin()
+            return Leaf(writer)
+        fit = key[0] != OWN and all(p not in ("", ".", "..") and "/" not in p for p in key)
+        size = math.prod(source.shape) * np.dtype(source.dtype).itemsize
+        if not fit or not source.shape or size < MIN_PACK_BYTES or source.dtype == BFLOAT16:
+            return None
+        parent, name = key[:-1], key[-1]
+        group = self.out.require_group(key_str(parent)) if parent else self.out
+        path, shape = key_str(key), tuple(source.shape)
+        writer = DatasetWriter(group, name, path, source.read, shape, source.dtype, self.chooser)
+        self.writers[key] = writer
+        return Leaf(writer)
+
+    def entries(self) -> dict[Key, dict[str, Any]]:
+        """Each leaf's entry for the manifest, once the inner container is complete."""
+        return {key: writer.finish() for key, writer in self.writers.items()}
 
 
 def packed_manifest(manifest: Manifest, inner: str, info: dict[str, Any]) -> Manifest:
@@ -203,25 +313,48 @@ def pack(
     """Write the packed file ``out`` from the opened compressed container ``inner``; return its
     size, or with ``chooser.sample``, the size predicted for the whole file. ``flat``: the
     datasets of an HDF5 inner's episodes as one dataset per key (:mod:`.pack_flat`)."""
-    with h5_output(out, LIBVER) as f:
-        minimal_headers(f)
-        if flat and isinstance(inner.handle, h5py.File):
-            from .pack_flat import pack_flat  # it builds on this module
-
-            info = pack_flat(inner.handle, f, chooser)
-        elif flat:
-            raise UsageError("--flat takes HDF5 inputs only", file=inner.path)
-        elif isinstance(inner.handle, h5py.File):
-            info = _pack_hdf5(inner.handle, f, chooser)
-        elif inner_name == "ted-pt":
-            from .pack_pt import pack_pt  # it builds on this module
-
-            info = pack_pt(inner, f, chooser)
-        else:
-            info = _pack_folder(inner, f, chooser)
-        meta = packed_manifest(manifest, inner_name, info).to_json()
-        write_meta(f, meta, plain_bytes=PLAIN_MANIFEST_BYTES)
+    with packed_output(out) as f:
+        pack_into(f, inner, inner_name, manifest, chooser, flat=flat)
     return out.stat().st_size + round(chooser.extra)
+
+
+@contextmanager
+def packed_output(path: Path) -> Iterator[h5py.File]:
+    """A new packed file, to be filled by :func:`pack_into`; flushed and closed at the end (see
+    :func:`h5_output`)."""
+    with h5_output(path, LIBVER) as f:
+        minimal_headers(f)
+        yield f
+
+
+def pack_into(
+    f: h5py.File,
+    inner: Source,
+    inner_name: str,
+    manifest: Manifest,
+    chooser: Chooser,
+    *,
+    flat: bool = False,
+    early: dict[Key, dict[str, Any]] | None = None,
+) -> None:
+    """Fill the new packed file ``f`` (:func:`packed_output`) as :func:`pack` says; ``early``:
+    the entries of the leaves of a folder inner already written to ``f`` (:class:`Early`)."""
+    if flat and isinstance(inner.handle, h5py.File):
+        from .pack_flat import pack_flat  # it builds on this module
+
+        info = pack_flat(inner.handle, f, chooser)
+    elif flat:
+        raise UsageError("--flat takes HDF5 inputs only", file=inner.path)
+    elif isinstance(inner.handle, h5py.File):
+        info = _pack_hdf5(inner.handle, f, chooser)
+    elif inner_name == "ted-pt":
+        from .pack_pt import pack_pt  # it builds on this module
+
+        info = pack_pt(inner, f, chooser)
+    else:
+        info = _pack_folder(inner, f, chooser, early or {})
+    meta = packed_manifest(manifest, inner_name, info).to_json()
+    write_meta(f, meta, plain_bytes=PLAIN_MANIFEST_BYTES)
 
 
 @contextmanager
@@ -360,7 +493,7 @@ def _repack(
         def read(start: int, stop: int) -> np.ndarray:
             return np.asarray(ds[start:stop])
 
-        entry = write_dataset(dst, name, path, read, ds.shape, ds.dtype, chooser)
+        entry = DatasetWriter(dst, name, path, read, ds.shape, ds.dtype, chooser).fill()
     else:
         entry = _write_kept(ds, path, groups, chooser, shared)
         write_virtual(dst, name, ds, shared)
@@ -392,12 +525,15 @@ def _write_kept(
 
         parent, _, leaf = kept_path(path).rpartition("/")
         shape = (ds.shape[0], len(kept))
-        own = write_dataset(groups(parent), leaf, kept_path(path), read, shape, ds.dtype, chooser)
-        entry.update(filter=own["filter"], chunk_rows=own["chunk_rows"])
+        own = DatasetWriter(groups(parent), leaf, kept_path(path), read, shape, ds.dtype, chooser)
+        written = own.fill()
+        entry.update(filter=written["filter"], chunk_rows=written["chunk_rows"])
     return entry
 
 
-def _pack_folder(inner: Source, out: h5py.File, chooser: Chooser) -> dict[str, Any]:
+def _pack_folder(
+    inner: Source, out: h5py.File, chooser: Chooser, early: dict[Key, dict[str, Any]]
+) -> dict[str, Any]:
     root = inner.path
     leaf_files: dict[str, Key] = {}
     entries: list[dict[str, Any]] = []
@@ -420,7 +556,10 @@ def _pack_folder(inner: Source, out: h5py.File, chooser: Chooser) -> dict[str, A
             dirs.append(rel)
         elif rel in leaf_files:
             key = leaf_files[rel]
-            datasets[key_str(key)] = pack_leaf(inner.leaves[key], key, out, chooser)
+            if key in early:  # written as the inner container was; its file left empty
+                datasets[key_str(key)] = early[key]
+            else:
+                datasets[key_str(key)] = pack_leaf(inner.leaves[key], key, out, chooser)
         elif rel != SIDECAR:  # the manifest: the packed one holds it
             write_bytes(out, f"{FILES}/f{len(files)}", item.read_bytes())
             files.append(rel)
@@ -455,7 +594,7 @@ def pack_leaf(leaf: LazyLeaf, key: Key, out: h5py.File, chooser: Chooser) -> dic
         return _stored(leaf.read(start, stop))
 
     if 0 not in leaf.shape and math.prod(leaf.shape) * dtype.itemsize >= MIN_PACK_BYTES:
-        entry = write_dataset(group, name, key_str(key), read, leaf.shape, dtype, chooser)
+        entry = DatasetWriter(group, name, key_str(key), read, leaf.shape, dtype, chooser).fill()
     else:  # too small to filter
         group.create_dataset(name, data=read(0, leaf.shape[0]), track_times=False)
         entry = {"filter": None}
