@@ -649,3 +649,40 @@ def test_rows_given_in_any_blocks_are_stored_as_a_whole_pass_stores_them(
 def _raw(path: Path, rows: np.ndarray) -> Path:
     path.write_bytes(rows.tobytes())
     return path
+
+
+def test_frames_read_in_order_are_decoded_ahead(tmp_path: Path, pong: TensorDictBase) -> None:
+    """Reads of a frame-delta dataset in order have the chunks that follow decoded while the
+    caller works (as ``verify`` and ``inflate`` read); random reads decode only what they ask."""
+    gen = torch.Generator().manual_seed(1)
+    steps = torch.randint(-1, 2, (3000, 1, 32, 32), generator=gen)
+    pixels = ((torch.randint(0, 256, (1, 1, 32, 32), generator=gen) + steps.cumsum(0)) % 256).to(
+        torch.uint8
+    )
+    frames = torch.cat([pong.clone()] * 15)
+    frames["pixels"] = pixels
+    frames["next", "pixels"] = torch.cat([pixels[1:], pixels[-1:]])
+    src = write_memmap(frames, tmp_path / "in")
+    compress(src, tmp_path / "p.h5", pack=True)
+    fmt, source = open_input(tmp_path / "p.h5")
+    try:
+        leaf = source.leaves[("pixels",)]
+        assert leaf.ds.attrs.get(TRANSFORM_ATTR) == "frame-delta" and leaf._direct is not None
+        per, chunks = leaf.chunk_rows, -(-leaf.shape[0] // leaf.chunk_rows)
+        assert chunks >= 3
+        decoded: list[int] = []
+        real = leaf._direct._whole
+        leaf._direct._whole = lambda index, post: decoded.append(index) or real(index, post)
+        for i in (chunks - 1, 0):  # random
+            assert np.array_equal(leaf.read(i * per, i * per + 1), pixels[i * per].numpy()[None])
+        assert decoded == [chunks - 1, 0]
+        decoded.clear()
+        leaf._decoded.clear()
+        for start in range(0, leaf.shape[0], per):  # in order
+            block = leaf.read(start, start + per)
+            assert np.array_equal(block, pixels[start : start + per].numpy())
+            if 0 < start < (chunks - 1) * per:  # the next chunk asked for before it is read
+                assert start // per + 1 in decoded
+        assert sorted(decoded) == list(range(chunks))  # each once
+    finally:
+        fmt.close(source)

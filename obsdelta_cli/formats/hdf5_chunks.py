@@ -151,6 +151,8 @@ class DirectChunks:
         self._stored: dict[Coord, Stored] | None = None
         # Read ahead (see rows): chunks decoded, or being decoded, for the next read in order.
         self._ahead: dict[Coord, Future[np.ndarray] | None] = {}
+        # The same for whole: by chunk number.
+        self._whole_ahead: dict[int, Future[np.ndarray] | None] = {}
         #: Rows of the last read: a read that starts inside them or where they end, after
         #: where they start, reads on in order.
         self._start, self._stop = -1, 0
@@ -252,24 +254,34 @@ class DirectChunks:
         return array.view(self.dtype).reshape(self.chunks)
 
     def whole(
-        self, indices: Sequence[int], post: Callable[[np.ndarray], np.ndarray]
+        self,
+        indices: Sequence[int],
+        post: Callable[[np.ndarray], np.ndarray],
+        ahead: Sequence[int] = (),
     ) -> list[np.ndarray | None]:
         """Chunks number ``indices`` along time of a dataset chunked along time only, each cut
         to the rows it holds and passed through ``post``, decoded on the pool; ``None`` for one
-        HDF5 should read."""
+        HDF5 should read. ``ahead``: chunks the next call will ask for (with the same
+        ``post``), decoded meanwhile; any other chunk decoded ahead is dropped."""
         assert self.chunks[1:] == self.shape[1:]
-        per, table, rest = self.chunks[0], self._table(), [0] * (len(self.shape) - 1)
-        futures: list[Future[np.ndarray] | None] = []
-        for index in indices:
-            coord = (index * per, *rest)
-            stored = table.get(coord)
-            if stored is None:
-                futures.append(None)
-                continue
-            # An edge chunk holds fewer rows: the others are padding.
-            cut = functools.partial(_rows_then, rows=self.shape[0] - coord[0], post=post)
-            futures.append(self._submit(coord, stored, cut))
+        with self._lock:
+            ready, self._whole_ahead = self._whole_ahead, {}
+            futures = [ready.pop(i) if i in ready else self._whole(i, post) for i in indices]
+            for index in ahead:
+                self._whole_ahead[index] = ready.pop(index, None) or self._whole(index, post)
         return [None if f is None else f.result() for f in futures]
+
+    def _whole(
+        self, index: int, post: Callable[[np.ndarray], np.ndarray]
+    ) -> Future[np.ndarray] | None:
+        """Chunk ``index`` along time being decoded (see :meth:`whole`)."""
+        coord = (index * self.chunks[0], *[0] * (len(self.shape) - 1))
+        stored = self._table().get(coord)
+        if stored is None:
+            return None
+        # An edge chunk holds fewer rows: the others are padding.
+        cut = functools.partial(_rows_then, rows=self.shape[0] - coord[0], post=post)
+        return self._submit(coord, stored, cut)
 
     def _band(self, first: int) -> list[Coord]:
         """The chunks of the rows from ``first`` (a chunk boundary along time) on."""

@@ -42,7 +42,7 @@ from ..errors import InputError, UsageError
 from ..filters import FRAME_DELTA, plugins, undo_frame_delta
 from .base import SIDECAR, ArrayStore, Format, Key, Plan, Sink, Source, key_str
 from .hdf5 import is_hdf5
-from .hdf5_chunks import DirectChunks
+from .hdf5_chunks import AHEAD, DirectChunks
 from .hdf5_leaves import (
     OWN,
     FileReads,
@@ -114,19 +114,26 @@ class PackedLeaf(LazyLeaf):
         chunk_bytes = self.chunk_rows * math.prod(self.shape[1:])
         self._room = max(1, cache_bytes // max(1, chunk_bytes))
         self._decoded: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._last = -2  # the last chunk read: reads in order are decoded ahead
         # Chunks decoded outside HDF5 only from a file open read-only: no write can be pending.
         whole = ds.chunks is not None and tuple(ds.chunks[1:]) == self.shape[1:]
         direct = whole and reads.read_only
         self._direct = DirectChunks.of(ds, file, reads.descriptor) if direct else None
 
     def _chunks(self, indices: Sequence[int]) -> list[np.ndarray]:
-        """Chunks ``indices``, the deltas undone: those not kept are decoded on every core."""
+        """Chunks ``indices``, the deltas undone: those not kept are decoded on every core.
+        Reads in order (each starting in or just after the last one's chunks) have the
+        :data:`AHEAD` chunks that follow decoded meanwhile."""
         found = {i: self._decoded[i] for i in indices if i in self._decoded}
         missing = [i for i in indices if i not in found]
-        if missing and self._direct is not None:
-            for index, frames in zip(
-                missing, self._direct.whole(missing, undo_frame_delta), strict=True
-            ):
+        in_order = self._last <= indices[0] <= self._last + 1 if indices else False
+        if indices:
+            self._last = indices[-1]
+        if (missing or in_order) and self._direct is not None:
+            total = -(-self.shape[0] // self.chunk_rows)
+            ahead = range(self._last + 1, min(total, self._last + 1 + AHEAD)) if in_order else ()
+            got = self._direct.whole(missing, undo_frame_delta, ahead)
+            for index, frames in zip(missing, got, strict=True):
                 if frames is not None:
                     found[index] = frames
         out = []
