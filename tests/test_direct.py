@@ -55,7 +55,7 @@ def data(tmp_path: Path) -> Path:
     return path
 
 
-def _evict(path: Path) -> None:
+def evict(path: Path) -> None:
     """Drop the file's clean pages from the page cache."""
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -117,7 +117,7 @@ def test_only_pages_not_in_memory_are_read_directly(
 ) -> None:
     made = _direct_reads(monkeypatch)
     with _opened(data) as (fd, reads):
-        _evict(data)
+        evict(data)
         assert not reads.cached(0, SIZE)
         first = read_exact(fd, 0, 1 << 20, str(data), reads)
         assert made == [1 << 20]
@@ -153,7 +153,7 @@ def test_a_range_partly_in_memory_is_read_directly(
     range cached whole is read from memory."""
     made = _direct_reads(monkeypatch)
     with _opened(data) as (fd, reads):
-        _evict(data)
+        evict(data)
         _cache_exactly(data, 3 << 18)  # three quarters of the first MiB
         assert not reads.cached(0, 1 << 20)
         got = read_exact(fd, 0, 1 << 20, str(data), reads)
@@ -192,7 +192,7 @@ def test_every_large_read_of_an_hdf5_input_out_of_memory_is_direct(
     src = _hopper_like(tmp_path, rows)
     with h5py.File(src) as f:
         obs = f["observations"][:]
-    _evict(src)
+    evict(src)
     buffered: list[tuple[int, int]] = []
     original = ColdReads.read
 
@@ -219,7 +219,7 @@ def test_where_o_direct_is_refused_every_read_is_buffered(
     _refuse(monkeypatch, "open", lambda path, flags, *rest: bool(flags & os.O_DIRECT))
     with _opened(data) as (fd, reads):
         assert not reads.usable
-        _evict(data)
+        evict(data)
         assert reads.read(0, 1 << 20) is None
         assert bytes(read_exact(fd, 3, 1 << 20, str(data), reads)) == os.pread(fd, 1 << 20, 3)
 
@@ -231,7 +231,7 @@ def test_a_refused_direct_read_turns_direct_reads_off(
     with _opened(data) as (fd, reads):
         direct_fd = reads.direct_fd
         _refuse(monkeypatch, "preadv", lambda f, *rest: f == direct_fd)
-        _evict(data)
+        evict(data)
         assert reads.read(0, 1 << 20) is None
         assert reads.direct_fd == -1 and not reads.usable
         got = read_exact(fd, 0, 1 << 20, str(data), reads)
@@ -250,7 +250,7 @@ def test_a_memmap_input_out_of_memory_compresses_to_the_same_output(
     compress(src, tmp_path / "warm", codec="exact")
     assert not any(made)  # the copy just made is in memory
     for path in _files(src):
-        _evict(path)
+        evict(path)
     compress(src, tmp_path / "cold", codec="exact")
     assert sum(made) > 0
     verify(tmp_path / "cold")
@@ -268,7 +268,7 @@ def test_hdf5_rows_out_of_memory_are_read_directly(
     with h5py.File(src, "r") as f:
         leaf = H5Leaf(f["observations"], src)
         want = f["observations"][()]
-        _evict(src)  # after HDF5 read its metadata (and, reading ahead, the whole small file)
+        evict(src)  # after HDF5 read its metadata (and, reading ahead, the whole small file)
         got = leaf.read(7, 4000)
         assert sum(made) == got.size * 4
         assert np.array_equal(got, want[7:4000])
@@ -333,7 +333,7 @@ def test_hdf5_objects_out_of_memory_hash_as_they_do_in_memory(
     with h5py.File(src, "r") as f:
         warm = hash_objects(f, src, lambda name: False)
         assert not any(made)
-        _evict(src)
+        evict(src)
         cold = hash_objects(f, src, lambda name: False)
     assert sum(made) > 0
     assert cold == warm
@@ -357,7 +357,7 @@ def test_reads_in_order_are_read_a_window_at_a_time(
     made = _direct_reads(monkeypatch)
     step, overlap = 300_001, 44
     with _opened(data) as (fd, reads):
-        _evict(data)
+        evict(data)
         offset, got = 0, []
         while offset < SIZE:
             nbytes = min(step, SIZE - offset)
@@ -381,7 +381,7 @@ def test_windows_stop_at_the_end_of_the_data_they_are_read_for(
     made = _direct_reads(monkeypatch)
     step, overlap, middle = 300_001, 44, (3 << 19) + 100
     with _opened(data) as (fd, reads):
-        _evict(data)
+        evict(data)
         for start, end in ((0, middle), (middle, SIZE)):
             offset = start
             while offset < end:
@@ -398,7 +398,7 @@ def test_a_read_that_follows_none_is_made_as_asked(
 ) -> None:
     made = _direct_reads(monkeypatch)
     with _opened(data) as (fd, reads):
-        _evict(data)
+        evict(data)
         for offset in (2 << 20, 0, 1 << 20, (1 << 20) - ALIGN):  # none starts in an earlier one
             read_exact(fd, offset, 1 << 18, str(data), reads)
     assert made == [1 << 18] * 4
@@ -460,7 +460,7 @@ def test_raw_copies_of_an_input_out_of_memory_are_read_directly(
         return got
 
     monkeypatch.setattr(ColdReads, "read_direct", spy)
-    _evict(src)
+    evict(src)
     compress(src, tmp_path / "cold.h5", codec="exact")
     assert sum(jobs) == rows * (3 + 6) * 8  # actions and qpos
     # Most of it: pages the kernel read ahead of HDF5's reads of the file's metadata are in
@@ -508,7 +508,7 @@ def test_verify_reads_the_observations_of_a_folder_out_of_memory_once(
     td.memmap(tmp_path / "run")
     compress(tmp_path / "run", tmp_path / "small")
     observations = tmp_path / "small" / "observation.memmap"
-    _evict(observations)
+    evict(observations)
     made = _direct_reads(monkeypatch)
     verify(tmp_path / "small")
     assert cached_pages(observations) == 0

@@ -117,9 +117,10 @@ def _stored(a: np.ndarray) -> np.ndarray:
 
 class DatasetWriter:
     """Dataset ``name`` of ``group``, chunked along its first dimension with the filter
-    ``chooser`` picks for its key ``path`` (measured on rows from ``read``), filled with rows
-    in order: each chunk is encoded on a pool of threads once its rows are all given, and
-    written as stored bytes, while the rows that follow come; they are hashed as they come.
+    ``chooser`` picks for its key ``path`` (measured on rows from ``read``, which gives new
+    arrays), filled with rows in order: each chunk is encoded on a pool of threads once its
+    rows are all given, and written as stored bytes, while the rows that follow come; they
+    are hashed as they come.
 
     :meth:`fill` fills it from ``read``; :class:`Early` has the compress pass give the rows."""
 
@@ -149,6 +150,7 @@ class DatasetWriter:
             self.ds.attrs[TRANSFORM_ATTR] = self.flt.transform
         self._chooser = chooser
         self._tail = (0,) * (len(shape) - 1)
+        self._depth = 2 * workers()  # chunks being encoded at most
         self.begin()
 
     def begin(self) -> None:
@@ -205,7 +207,7 @@ class DatasetWriter:
             if self._filled == self.per:
                 self._submit()
         self.done += len(rows)
-        while len(self._pending) > 2 * workers() or (self._pending and self._pending[0][1].done()):
+        while len(self._pending) > self._depth or (self._pending and self._pending[0][1].done()):
             self._put(*self._pending.pop(0))
 
     def _submit(self) -> None:
@@ -260,10 +262,10 @@ class Early:
         if writer is not None:  # the inner container written again
             writer.begin()
             return Leaf(writer)
-        fit = key[0] != OWN and all(p not in ("", ".", "..") and "/" not in p for p in key)
         size = math.prod(source.shape) * np.dtype(source.dtype).itemsize
-        if not fit or not source.shape or size < MIN_PACK_BYTES or source.dtype == BFLOAT16:
-            return None
+        small = not source.shape or size < MIN_PACK_BYTES  # stored unfiltered (pack_leaf)
+        if not is_dataset_key(key) or small or source.dtype == BFLOAT16:
+            return None  # left to the packing step, which refuses a bad key
         parent, name = key[:-1], key[-1]
         group = self.out.require_group(key_str(parent)) if parent else self.out
         path, shape = key_str(key), tuple(source.shape)
@@ -575,9 +577,14 @@ def other_entry(key: Key, leaf: Any) -> dict[str, Any]:
     return {"key": list(key), "kind": "entry"}
 
 
+def is_dataset_key(key: Key) -> bool:
+    """Whether ``key`` can be the path of a dataset of the packed file."""
+    return key[0] != OWN and all(p not in ("", ".", "..") and "/" not in p for p in key)
+
+
 def dataset_key(key: Key, file: Path) -> None:
     """Refuse a key that cannot be the path of a dataset of the packed file."""
-    if key[0] == OWN or any(p in ("", ".", "..") or "/" in p for p in key):
+    if not is_dataset_key(key):
         raise UsageError(
             f"key {key_str(key)!r} cannot be an HDF5 dataset name", file=file, key=key_str(key)
         )
