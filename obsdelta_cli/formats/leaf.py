@@ -179,18 +179,20 @@ class FileLeaf(LazyLeaf):
 
     def read(self, start: int, stop: int) -> np.ndarray:
         count = max(0, min(stop, self.shape[0]) - start)
-        if self._cold is None:
-            self._cold = ColdReads(self.fd)
         at, nbytes = start * self.row_bytes, count * self.row_bytes
         end = self.shape[0] * self.row_bytes
-        out = read_exact(self.fd, at, nbytes, self.path, self._cold, end)
+        out = read_exact(self.fd, at, nbytes, self.path, self._reads(), end)
         return out.view(self.dtype).reshape(count, *self.shape[1:])
+
+    def _reads(self) -> ColdReads:
+        """The reads of this leaf's file past the page cache, made on first use."""
+        if self._cold is None:
+            self._cold = ColdReads(self.fd)
+        return self._cold
 
     def in_memory(self) -> bool:
         """Whether every page of the leaf is in the page cache."""
-        if self._cold is None:
-            self._cold = ColdReads(self.fd)
-        return self._cold.cached(0, math.prod(self.shape) * self.dtype.itemsize)
+        return self._reads().cached(0, math.prod(self.shape) * self.dtype.itemsize)
 
     def feed(self, update: Callable[[memoryview], None]) -> bool:
         """Pass the leaf's bytes to ``update`` in order, through read-only mapped windows (no

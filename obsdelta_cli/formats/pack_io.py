@@ -262,12 +262,10 @@ class Early:
         if writer is not None:  # the inner container written again
             writer.begin()
             return Leaf(writer)
-        size = math.prod(source.shape) * np.dtype(source.dtype).itemsize
-        small = not source.shape or size < MIN_PACK_BYTES  # stored unfiltered (pack_leaf)
-        if not is_dataset_key(key) or small or source.dtype == BFLOAT16:
+        filtered = _filtered(source.shape, np.dtype(source.dtype))  # else stored as it is
+        if not is_dataset_key(key) or not filtered or source.dtype == BFLOAT16:
             return None  # left to the packing step, which refuses a bad key
-        parent, name = key[:-1], key[-1]
-        group = self.out.require_group(key_str(parent)) if parent else self.out
+        group, name = _group_of(self.out, key)
         path, shape = key_str(key), tuple(source.shape)
         writer = DatasetWriter(group, name, path, source.read, shape, source.dtype, self.chooser)
         self.writers[key] = writer
@@ -590,17 +588,29 @@ def dataset_key(key: Key, file: Path) -> None:
         )
 
 
+def _group_of(out: h5py.File, key: Key) -> tuple[h5py.Group, str]:
+    """The group of ``out`` that holds the dataset at ``key``'s path (made if missing), and the
+    dataset's name in it."""
+    parent, name = key[:-1], key[-1]
+    return (out.require_group(key_str(parent)) if parent else out), name
+
+
+def _filtered(shape: tuple[int, ...], dtype: np.dtype) -> bool:
+    """Whether a leaf's dataset is filtered: not empty, and of :data:`MIN_PACK_BYTES` or more
+    (a smaller one is stored as it is)."""
+    return 0 not in shape and math.prod(shape) * dtype.itemsize >= MIN_PACK_BYTES
+
+
 def pack_leaf(leaf: LazyLeaf, key: Key, out: h5py.File, chooser: Chooser) -> dict[str, Any]:
     """Write ``leaf`` as the dataset at its key's path, filtered (as it is when too small);
     return its entry for the manifest."""
     dtype = h5_dtype(leaf.dtype)
-    parent, name = key[:-1], key[-1]
-    group = out.require_group(key_str(parent)) if parent else out
+    group, name = _group_of(out, key)
 
     def read(start: int, stop: int) -> np.ndarray:
         return _stored(leaf.read(start, stop))
 
-    if 0 not in leaf.shape and math.prod(leaf.shape) * dtype.itemsize >= MIN_PACK_BYTES:
+    if _filtered(leaf.shape, dtype):
         entry = DatasetWriter(group, name, key_str(key), read, leaf.shape, dtype, chooser).fill()
     else:  # too small to filter
         group.create_dataset(name, data=read(0, leaf.shape[0]), track_times=False)
