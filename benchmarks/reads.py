@@ -15,9 +15,11 @@ Prints one JSON object:
   TorchRL replay buffer's ``sample`` calls (when torchrl is installed).
 - ``bc``: seconds of a behaviour-cloning loop (MLP 11-256-256-3, Adam, mean squared error on
   the action, batches of 256, ``--bc-steps`` steps) fed by each reader, after 20 untimed steps
-  of each: the median of ``--bc-rounds`` loops of each, plain and compressed in turn, which
-  goes first changing from round to round (one loop of each gave ratios from 0.97x to 1.13x on
-  the same files, whichever code read them; a median of 3 rounds, 0.99x to 1.14x).
+  of each. The two loops run side by side, each with its own model: ``--bc-block`` steps of
+  one, then the same steps of the other, the one going first changing from block to block, the
+  seconds of each loop summed. This machine's speed drifts by up to 2x within seconds (whole
+  loops of one reader, then the other, gave ratios from 0.84x to 1.21x on the same files), so
+  each side must sample the same moments. Reported: the median of ``--bc-rounds`` such runs.
 
 torch runs on one thread (as obsdelta does): on a loaded 2-core machine, two-thread parallel
 regions made the same loop 10 to 50 times slower and the figures unrepeatable.
@@ -112,36 +114,46 @@ def rows_per_second(read: Reader, batches: list[torch.Tensor]) -> float:
     return rows / (time.perf_counter() - start)
 
 
-def bc_seconds(read: Reader, batches: list[torch.Tensor]) -> float:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(11, 256),
-        torch.nn.ReLU(),
-        torch.nn.Linear(256, 256),
-        torch.nn.ReLU(),
-        torch.nn.Linear(256, 3),
-    )
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    start = time.perf_counter()
-    for idx in batches:
-        obs, action = read(idx)
-        loss = torch.nn.functional.mse_loss(model(obs.float()), action.float())
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return time.perf_counter() - start
+class BcLoop:
+    """A behaviour-cloning loop fed by one reader, run a few steps at a time."""
+
+    def __init__(self, read: Reader) -> None:
+        torch.manual_seed(0)  # both readers' loops start from the same model
+        self.read = read
+        self.model = torch.nn.Sequential(
+            torch.nn.Linear(11, 256),
+            torch.nn.ReLU(),
+            torch.nn.Linear(256, 256),
+            torch.nn.ReLU(),
+            torch.nn.Linear(256, 3),
+        )
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-3)
+        self.seconds = 0.0
+
+    def run(self, steps: list[torch.Tensor]) -> None:
+        start = time.perf_counter()
+        for idx in steps:
+            obs, action = self.read(idx)
+            loss = torch.nn.functional.mse_loss(self.model(obs.float()), action.float())
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+        self.seconds += time.perf_counter() - start
 
 
-def bc_round(
-    plain: Reader, packed: Reader, steps: list[torch.Tensor], *, first_plain: bool
+def bc_side_by_side(
+    plain: Reader, packed: Reader, steps: list[torch.Tensor], block: int
 ) -> tuple[float, float]:
-    """One BC loop fed by each reader, ``(plain seconds, compressed seconds)``; the one run
-    second finds the caches as the first left them, so the order alternates between rounds."""
-    if first_plain:
-        plain_s = bc_seconds(plain, steps)
-        return plain_s, bc_seconds(packed, steps)
-    packed_s = bc_seconds(packed, steps)
-    return bc_seconds(plain, steps), packed_s
+    """A BC loop fed by each reader, run side by side in blocks of ``block`` steps (the one
+    going first alternating): ``(plain seconds, compressed seconds)``."""
+    loops = BcLoop(plain), BcLoop(packed)
+    for warm in loops:  # first calls: set-up, not training
+        warm.run(steps[:20])
+        warm.seconds = 0.0
+    for number, start in enumerate(range(0, len(steps), block)):
+        for loop in loops if number % 2 == 0 else loops[::-1]:
+            loop.run(steps[start : start + block])
+    return loops[0].seconds, loops[1].seconds
 
 
 def main() -> None:
@@ -152,6 +164,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=2000)
     parser.add_argument("--bc-steps", type=int, default=1000)
     parser.add_argument("--bc-rounds", type=int, default=5)
+    parser.add_argument("--bc-block", type=int, default=20)
     args = parser.parse_args()
     torch.set_num_threads(1)
     plain_rows, plain = (plain_ted if args.layout == "ted" else plain_d4rl)(args.plain)
@@ -167,9 +180,7 @@ def main() -> None:
     for idx in batches[:20]:  # same rows, same values
         rows = idx.unique()  # sorted
         assert torch.equal(plain(rows)[0], packed(rows)[0]), "the readers disagree"
-    bc_seconds(plain, steps[:20])
-    bc_seconds(packed, steps[:20])
-    rounds = [bc_round(plain, packed, steps, first_plain=r % 2 == 0) for r in range(args.bc_rounds)]
+    rounds = [bc_side_by_side(plain, packed, steps, args.bc_block) for _ in range(args.bc_rounds)]
     result = {
         "rows": plain_rows,
         "batch": BATCH,
@@ -177,6 +188,7 @@ def main() -> None:
         "plain_rows_per_s": rows_per_second(plain, batches),
         "packed_rows_per_s": rows_per_second(packed, batches),
         "bc_steps": args.bc_steps,
+        "bc_block": args.bc_block,
         "plain_bc_seconds": statistics.median(a for a, _ in rounds),
         "packed_bc_seconds": statistics.median(b for _, b in rounds),
         "bc_rounds": rounds,
