@@ -423,8 +423,8 @@ def disk_alone(
 ) -> list[dict[str, Any]]:
     """For reference: the bytes ``--jobs`` reads and writes, moved by 1 and by 2 processes with
     nothing computed and no interpreter start-up (``disk_alone.py``): what a second process
-    gains on this disk, in the same run. Not a bound: that script reads and writes at once,
-    which this disk does worse than obsdelta's order (see the README)."""
+    gains on this disk, in the same run, with the bytes moved in obsdelta's order (each output
+    written to the page cache as its input is read, flushed, then dropped from the cache)."""
     written = timings[1].output_bytes
     if not written:
         return [check("--jobs: the disk alone", "—", "—", None, "", None)]
