@@ -20,6 +20,7 @@ from tensordict import TensorDict, TensorDictBase
 from obsdelta_cli import compress, inflate, report
 from obsdelta_cli.arrays import from_torch, numpy_dtype, torch_dtype
 from obsdelta_cli.codecs import CODECS, make_codec
+from obsdelta_cli.commands.common import open_input
 from obsdelta_cli.errors import DataError, UsageError
 from obsdelta_cli.manifest import FORMAT_VERSION
 from obsdelta_cli.stats import bit_equal_rows
@@ -335,7 +336,7 @@ def test_a_key_that_does_not_pay_is_kept_as_if_measured_first(
     assert len(writers) == 2  # written once as planned, then again
     kept = result.keys[-1]
     assert kept.codec == "none" and kept.bytes_after == kept.bytes_before
-    fmt_, source = module.open_input(src)
+    fmt_, source = open_input(src)
     try:
         stream = module.stream_for(source, -1, 64)
         pairs = module.pairs_of(fmt_, source, None, lambda d: True)

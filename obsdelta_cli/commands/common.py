@@ -73,6 +73,12 @@ def open_input(path: Path, *, cache_mb: float | None = None) -> tuple[Format, So
     """Open ``path`` with the adapter its content calls for; ``cache_mb`` sizes the chunk
     cache of a packed file."""
     fmt = detect(path)
+    return fmt, open_detected(fmt, path, cache_mb=cache_mb)
+
+
+def open_detected(fmt: Format, path: Path, *, cache_mb: float | None = None) -> Source:
+    """Open ``path`` with ``fmt``, the adapter :func:`detect` chose for it (see
+    :func:`open_input`)."""
     if cache_mb is not None and isinstance(fmt, Packed):
         fmt.cache_bytes = max(0, int(cache_mb * 2**20))
     source = fmt.open(path)
@@ -81,7 +87,7 @@ def open_input(path: Path, *, cache_mb: float | None = None) -> tuple[Format, So
         raise DataError(
             "holds no rows (len 0)", file=path, hint="nothing to do; check the right file was given"
         )
-    return fmt, source
+    return source
 
 
 def manifest_of(source: Source) -> Manifest:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..codecs import AUTO, CODECS, DEFAULT_CODEC, make_codec
 from ..errors import UsageError
-from ..formats import Source, disk_size
+from ..formats import Source, detect, disk_size
 from ..rebuild import stored_pairs
 from ..report import DatasetResult, KeyResult
 from ..selection import KeyGroup, candidates, check_time_dim, pairs_of
@@ -17,7 +17,7 @@ from .common import (
     check_bound,
     manifest_of,
     one_thread,
-    open_input,
+    open_detected,
     original_size,
     recorded_results,
     stream_for,
@@ -51,13 +51,14 @@ def report(
     check_bound(max_abs_error)
     if codec != AUTO:
         make_codec(codec, max_abs_error)  # refuse what compress would refuse
-    fmt, source = open_input(input)
+    fmt = detect(input)
     size = disk_size(input)
+    if fmt.nothing_to_do and not pack:  # said before the file is walked for its leaves
+        return DatasetResult(
+            "report", str(input), None, fmt.name, False, size, size, note=fmt.nothing_to_do
+        )
+    source = open_detected(fmt, input)
     try:
-        if fmt.nothing_to_do and not pack:
-            return DatasetResult(
-                "report", str(input), None, fmt.name, False, size, size, note=fmt.nothing_to_do
-            )
         if source.meta is not None:
             manifest = manifest_of(source)
             stored = stored_pairs(source, manifest)
