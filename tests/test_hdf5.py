@@ -218,7 +218,8 @@ def test_minari_is_explained_before_its_leaves_are_walked(
         return real(f, file, *args, **kwargs)
 
     monkeypatch.setattr("obsdelta_cli.formats.hdf5.leaves_of", counted)
-    assert report(src).note is not None and "observations once" in report(src).note
+    note = report(src).note
+    assert note is not None and "observations once" in note
     with pytest.raises(InputError, match="observations once"):
         compress(src, tmp_path / "o.h5")
     assert walked == [] and not (tmp_path / "o.h5").exists()
