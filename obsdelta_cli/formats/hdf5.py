@@ -31,7 +31,7 @@ from ..arrays import BFLOAT16
 from ..checksum import Hasher
 from ..errors import InputError, UsageError, failed_write, write_error
 from .base import Format, Key, LeafSpec, Plan, Sink, Source, key_str
-from .hdf5_copy import CopyRule, RawCopies, Relinks, in_place
+from .hdf5_copy import CopyRule, RawCopies, Relinks, copy_object, in_place
 from .hdf5_leaves import (
     BF16_ATTR,
     MAGIC,
@@ -541,7 +541,7 @@ def _copy_tree(
         elif isinstance(obj, h5py.Dataset) and rule.copied_raw(obj):
             copies.add(obj, dst, name, streamed=streamed.get(path))
         else:
-            src.copy(obj, dst, name=name)
+            copy_object(src, obj, dst, name)
 
 
 def h5_groups(group: h5py.Group) -> Iterator[tuple[str, h5py.Group]]:

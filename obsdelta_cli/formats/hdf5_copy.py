@@ -22,7 +22,7 @@ import h5py
 import numpy as np
 
 from .direct import ALIGN, WINDOW, ColdReads, mapped_buffer
-from .hdf5_leaves import contiguous_span, copy_attrs
+from .hdf5_leaves import contiguous_span, copy_attrs, space_anew, type_anew
 from .hdf5_objects import hash_span, header_hash
 from .leaf import LazyLeaf, read_exact, write_exact
 
@@ -62,13 +62,59 @@ def raw_copyable(ds: h5py.Dataset, file_size: int) -> bool:
     )
 
 
+def object_copy_loses_fill(obj: Any) -> bool:
+    """Whether HDF5's object copy would damage ``obj``: a dataset of variable-length values
+    with a fill value of its own, which the copy leaves pointing into the source file's heap
+    (the copy's creation properties then cannot be read)."""
+    return (
+        isinstance(obj, h5py.Dataset)
+        and obj.dtype.hasobject
+        and obj.id.get_create_plist().fill_value_defined() == h5py.h5d.FILL_VALUE_USER_DEFINED
+    )
+
+
+def copy_object(group: h5py.Group, obj: Any, dst: h5py.Group, name: str) -> None:
+    """Copy ``obj`` (a member of ``group``) to ``dst[name]`` with HDF5's object copy, or value
+    by value where that copy would damage it (:func:`object_copy_loses_fill`)."""
+    if object_copy_loses_fill(obj):
+        copy_values(obj, dst, name)
+        copy_attrs(obj, dst[name])
+    else:
+        group.copy(obj, dst, name=name)
+
+
+#: Bytes of values moved at a time by :func:`copy_values`.
+VALUE_BLOCK_BYTES = 1 << 22
+
+
+def copy_values(ds: h5py.Dataset, dst: h5py.Group, name: str) -> h5py.Dataset:
+    """A new dataset ``name`` of ``dst`` with ``ds``'s stored type, dataspace and creation
+    properties (HDF5 writes its fill value anew, into the new file), and its values, read and
+    written a block of rows at a time; not its attributes."""
+    dsid = ds.id
+    dcpl = dsid.get_create_plist()
+    dcpl.set_obj_track_times(False)  # as the source: see RawCopies.add
+    # Type and dataspace built anew, encoded as the new file's format asks (see type_anew).
+    tid, space = type_anew(dsid.get_type()), space_anew(dsid.get_space())
+    new = h5py.Dataset(h5py.h5d.create(dst.id, name.encode(), tid, space, dcpl=dcpl))
+    if ds.shape is None:  # empty (null dataspace): nothing to write
+        return new
+    if not ds.shape:
+        new[()] = ds[()]
+        return new
+    step = max(1, VALUE_BLOCK_BYTES // max(1, ds.dtype.itemsize * math.prod(ds.shape[1:])))
+    for start in range(0, ds.shape[0], step):
+        new[start : start + step] = ds[start : start + step]
+    return new
+
+
 class CopyRule:
     """Which objects of ``f`` a copy that drops the datasets at ``dropped`` rebuilds itself,
     worked out once per command: the plan asks before anything is checked (which observations
     the encoding pass copies, hashing them as it reads them) and the copy follows the same
     answers. A group is *rewritten* (object by object) where it loses a dataset, holds one
-    to copy raw, or holds an object linked twice; everything else is copied whole by HDF5's
-    object copy.
+    to copy raw or one HDF5's object copy would damage, or holds an object linked twice;
+    everything else is copied whole by HDF5's object copy.
     """
 
     def __init__(self, f: h5py.File, dropped: set[str]) -> None:
@@ -96,9 +142,9 @@ class CopyRule:
         return self._rewritten[path]
 
     def _walked(self, group: h5py.Group) -> bool:
-        """Whether ``group`` holds a dataset to copy raw, or an object linked twice: one object
-        copy of the group would make a second object of a target also linked from outside it,
-        where the walk links again to the one copy (:class:`Relinks`)."""
+        """Whether ``group`` holds a dataset to copy raw or value by value, or an object linked
+        twice: one object copy of the group would make a second object of a target also linked
+        from outside it, where the walk links again to the one copy (:class:`Relinks`)."""
         single, raw = self._scan(group)
         return raw or not single
 
@@ -137,7 +183,7 @@ class CopyRule:
                     if not single:
                         break
                 elif isinstance(obj, h5py.Dataset) and not raw:
-                    raw = raw_copyable(obj, self.source_size)
+                    raw = raw_copyable(obj, self.source_size) or object_copy_loses_fill(obj)
             self._below[path] = single, raw
         return self._below[path]
 

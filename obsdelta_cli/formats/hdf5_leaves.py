@@ -80,6 +80,42 @@ def read_rows(ds: h5py.Dataset, rows: Any, file: Path, what: str) -> np.ndarray:
         ) from None
 
 
+def type_anew(t: Any) -> Any:
+    """A new type equal to ``t``, built member by member: HDF5 encodes it in the first
+    version of the format that can hold it, whatever version the file of ``t`` used.
+
+    >>> bool_type = h5py.h5t.py_create(np.dtype(bool))
+    >>> type_anew(bool_type) == bool_type
+    True
+    """
+    kind = t.get_class()
+    if kind == h5py.h5t.ENUM:
+        new = h5py.h5t.enum_create(type_anew(t.get_super()))
+        for i in range(t.get_nmembers()):
+            new.enum_insert(t.get_member_name(i), t.get_member_value(i))
+        return new
+    if kind == h5py.h5t.COMPOUND:
+        new = h5py.h5t.create(h5py.h5t.COMPOUND, t.get_size())
+        for i in range(t.get_nmembers()):
+            new.insert(
+                t.get_member_name(i), t.get_member_offset(i), type_anew(t.get_member_type(i))
+            )
+        return new
+    if kind == h5py.h5t.ARRAY:
+        return h5py.h5t.array_create(type_anew(t.get_super()), t.get_array_dims())
+    if kind == h5py.h5t.VLEN:
+        return h5py.h5t.vlen_create(type_anew(t.get_super()))
+    return t.copy()
+
+
+def space_anew(space: Any) -> Any:
+    """A new dataspace equal to ``space`` (see :func:`type_anew`)."""
+    kind = space.get_simple_extent_type()
+    if kind == h5py.h5s.SIMPLE:
+        return h5py.h5s.create_simple(space.shape, space.get_simple_extent_dims(True))
+    return h5py.h5s.create(kind)
+
+
 def copy_attrs(src: Any, dst: Any) -> None:
     """Copy attributes with their exact stored types and dataspaces, through HDF5's own calls:
     h5py's ``attrs`` took about 100 µs an attribute (a Minari file has thousands)."""
@@ -91,12 +127,17 @@ def copy_attrs(src: Any, dst: Any) -> None:
         h5py.h5a.iterate(src.id, names.append, index_type=order)
         for name in names:
             attr = h5py.h5a.open(src.id, name)
-            space = attr.get_space()
-            copy = h5py.h5a.create(dst.id, name, attr.get_type(), space)
+            space, stored = attr.get_space(), attr.get_type()
+            # The type built anew: HDF5 encodes it as the file's format asks, not as the
+            # source's did (a packed file's newer format would otherwise stay in the copy).
+            copy = h5py.h5a.create(dst.id, name, type_anew(stored), space)
             if space.get_simple_extent_type() != h5py.h5s.NULL:  # an empty one has no value
                 value = np.empty(attr.shape, dtype=attr.dtype)
-                attr.read(value)
-                copy.write(value)
+                # An array type reads as numbers with more dimensions, which HDF5 does not
+                # convert to: its values move as they are stored.
+                raw = stored if stored.get_class() == h5py.h5t.ARRAY else None
+                attr.read(value, mtype=raw)
+                copy.write(value, mtype=raw)
 
 
 def contiguous_span(

@@ -15,7 +15,7 @@ import xxhash
 
 from .apart import SILENCE_SECONDS, apart, beat
 from .direct import PIECE, ColdReads
-from .hdf5_leaves import META_ATTR, OWN, REPLACED_TWINS, objects_of
+from .hdf5_leaves import META_ATTR, OWN, REPLACED_TWINS, objects_of, space_anew, type_anew
 
 
 def hash_objects(
@@ -23,14 +23,21 @@ def hash_objects(
     file: Path,
     skip: Callable[[str], bool],
     known: Mapping[str, str] | None = None,
+    copied_from: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """xxh3-64 of every dataset as stored (creation properties and raw chunks, never
     decompressed) and of every object's attributes, for the objects ``skip`` keeps; ``known``
     gives the hashes of datasets already hashed as they were written. Of obsdelta's own
     objects, the twins ``inflate`` recreates replaced datasets from are hashed too: their
-    creation properties and attributes become the output's."""
+    creation properties and attributes become the output's.
+
+    ``copied_from``: the hashes recorded in the file these objects were copied from, of
+    another HDF5 format version (a packed file's). Objects copied there hold the same values,
+    but HDF5 encodes their types (enum, compound, array) and dataspaces for the newer format:
+    a hash that differs from its record only in those encodings is the recorded one."""
     known = known or {}
-    out = {"@": attrs_hash(f, exclude=META_ATTR)}
+    copied_from = copied_from or {}
+    out = {"@": _attrs_hash_as(f, copied_from.get("@"), META_ATTR)}
     fd = os.open(file, os.O_RDONLY)
     cold = ColdReads(fd)  # an input checked before it is copied is usually not in memory
     try:
@@ -43,8 +50,12 @@ def hash_objects(
                 out[name] = _twin_hash(obj)
             elif isinstance(obj, h5py.Dataset):
                 out[name] = known.get(name) or _raw_hash(obj, fd, cold)
+                recorded = copied_from.get(name)
+                if recorded is not None and out[name] != recorded:
+                    anew = _raw_hash(obj, fd, cold, headers_anew=True)
+                    out[name] = anew if anew == recorded else out[name]
             if len(obj.attrs):  # an attribute added to an object without any is still caught
-                out[f"@{name}"] = attrs_hash(obj)
+                out[f"@{name}"] = _attrs_hash_as(obj, copied_from.get(f"@{name}"))
     finally:
         cold.close()
         os.close(fd)
@@ -65,22 +76,41 @@ def hash_objects_apart(
     file: Path,
     skip: Callable[[str], bool],
     known: Mapping[str, str] | None = None,
+    copied_from: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """:func:`hash_objects` in a forked child (:mod:`.apart`): hashing reads every object's
     attributes, and a damaged one can crash HDF5 itself, or make it loop. The child is given
     :data:`~.apart.SILENCE_SECONDS` between signs of progress, however long the whole takes."""
-    return apart(lambda: hash_objects(f, file, skip, known), timeout=SILENCE_SECONDS)
+    return apart(lambda: hash_objects(f, file, skip, known, copied_from), timeout=SILENCE_SECONDS)
 
 
-def attrs_hash(obj: Any, exclude: str | None = None) -> str:
+def _attrs_hash_as(obj: Any, recorded: str | None, exclude: str | None = None) -> str:
+    found = attrs_hash(obj, exclude)
+    if recorded is not None and found != recorded:
+        other = attrs_hash(obj, exclude, types_anew=True)
+        if other == recorded:
+            return other
+    return found
+
+
+def attrs_hash(obj: Any, exclude: str | None = None, *, types_anew: bool = False) -> str:
+    """xxh3-64 of an object's attributes: names, stored types and values.
+    ``types_anew``: each type as HDF5 encodes it new, in its first format version
+    (as a file of the earliest format stores it), not as this file's format stores it."""
     h = xxhash.xxh3_64()
     for name in sorted(obj.attrs):
         if name == exclude:
             continue
         value = np.asarray(obj.attrs[name])
         h.update(f"{name}\0{value.dtype.str}\0{value.shape}\0".encode())
-        h.update(obj.attrs.get_id(name).get_type().encode())  # how the stored bytes read
-        h.update(repr(value.tolist()).encode() if value.dtype.kind == "O" else value.tobytes())
+        stored = obj.attrs.get_id(name).get_type()
+        if types_anew:
+            stored = type_anew(stored)
+        h.update(stored.encode())  # how the stored bytes read
+        if value.dtype.kind == "O":
+            h.update(repr(value.tolist()).encode())
+        else:  # a compound may hold variable-length fields too: never their pointers
+            feed_values(h, value)
     return h.hexdigest()
 
 
@@ -92,13 +122,20 @@ def _twin_hash(ds: h5py.Dataset) -> str:
     return h.hexdigest()
 
 
-def _raw_hash(ds: h5py.Dataset, fd: int, cold: ColdReads | None = None) -> str:
+def _raw_hash(
+    ds: h5py.Dataset, fd: int, cold: ColdReads | None = None, *, headers_anew: bool = False
+) -> str:
     """A dataset as stored: dtype, shape, creation properties, then its raw chunks in chunk
-    order (each with its position and filter mask) or its contiguous bytes."""
-    h = header_hash(ds)
+    order (each with its position and filter mask) or its contiguous bytes (``headers_anew``:
+    see :func:`header_hash`)."""
+    h = header_hash(ds, headers_anew=headers_anew)
     dsid, dcpl = ds.id, ds.id.get_create_plist()
     layout = dcpl.get_layout()
-    if layout == h5py.h5d.CHUNKED:
+    if ds.dtype.hasobject:
+        # Variable-length strings and arrays store references into the file's heap, which an
+        # object copy moves: what they hold is hashed, read as values.
+        _hash_values_of(h, ds)
+    elif layout == h5py.h5d.CHUNKED:
         # Every chunk of the grid, found through the chunk index as a read would find it.
         grid = [range(0, n, c) for n, c in zip(ds.shape, ds.chunks or (), strict=True)]
         cells = math.prod(len(r) for r in grid)
@@ -117,27 +154,81 @@ def _raw_hash(ds: h5py.Dataset, fd: int, cold: ColdReads | None = None) -> str:
         offset = dsid.get_offset()
         if offset is not None:
             hash_span(h, fd, offset, dsid.get_storage_size(), cold)
-    else:  # compact: the values live in the object header
-        h.update(np.ascontiguousarray(ds[()]).tobytes())
+    elif ds.shape is not None:  # compact: the values live in the object header
+        feed_values(h, np.asarray(ds[()]))
     return h.hexdigest()
 
 
-def header_hash(ds: h5py.Dataset) -> Any:
+def header_hash(ds: h5py.Dataset, *, headers_anew: bool = False) -> Any:
     """An xxh3-64 state fed with what a dataset is, before its values: dtype, shape, creation
-    properties, the stored type in full."""
+    properties, the stored type in full. ``headers_anew``: its type and dataspace as HDF5
+    encodes them new, in the first format version that holds them (:func:`type_anew`)."""
     h = xxhash.xxh3_64()
     props = (ds.dtype.str, ds.shape, ds.maxshape, ds.chunks, ds.compression, ds.compression_opts)
     h.update(repr((props, ds.shuffle, ds.fletcher32, ds.scaleoffset)).encode())
     dsid, dcpl = ds.id, ds.id.get_create_plist()
     # The stored type in full (byte order, bit layout), not only what numpy makes of it.
-    h.update(dsid.get_type().encode())
-    h.update(dsid.get_space().encode())
+    stored, space = dsid.get_type(), dsid.get_space()
+    if headers_anew:
+        stored, space = type_anew(stored), space_anew(space)
+    h.update(stored.encode())
+    h.update(space.encode())
     h.update(repr([dcpl.get_filter(i) for i in range(dcpl.get_nfilters())]).encode())
     fill = np.zeros(1, dtype=ds.dtype)
     if dcpl.fill_value_defined() == h5py.h5d.FILL_VALUE_USER_DEFINED:
         dcpl.get_fill_value(fill)
-    h.update(fill.tobytes())
+    feed_values(h, fill)
     return h
+
+
+#: Rows of a dataset of variable-length values read at a time to hash them.
+VALUE_ROWS = 4096
+
+
+def _hash_values_of(h: Any, ds: h5py.Dataset) -> None:
+    if ds.shape is None:  # empty (null dataspace): its header says all there is
+        return
+    if not ds.shape:
+        feed_values(h, np.asarray(ds[()], dtype=ds.dtype))
+        return
+    for start in range(0, ds.shape[0], VALUE_ROWS):
+        feed_values(h, ds[start : start + VALUE_ROWS])
+        beat()
+
+
+def feed_values(h: Any, a: np.ndarray) -> None:
+    """Feed the values of ``a`` to ``h``: its bytes, or, where it holds Python objects
+    (variable-length strings and arrays, whose bytes in memory are pointers), each value with
+    its length, so that the same values give the same hash in every process.
+
+    >>> a, b = xxhash.xxh3_64(), xxhash.xxh3_64()
+    >>> feed_values(a, np.array([b"ab", b"c"], dtype=object))
+    >>> feed_values(b, np.array([b"ab", b"c"], dtype=object))
+    >>> a.hexdigest() == b.hexdigest()
+    True
+    """
+    if not a.dtype.hasobject:
+        h.update(np.ascontiguousarray(a).tobytes())
+        return
+    for value in a.reshape(-1):
+        _feed_value(h, value)
+
+
+def _feed_value(h: Any, value: Any) -> None:
+    if isinstance(value, bytes | bytearray):
+        h.update(b"b%d:" % len(value))
+        h.update(value)
+    elif isinstance(value, str):
+        _feed_value(h, value.encode("utf-8", "surrogatepass"))
+    elif isinstance(value, np.void) and value.dtype.names:
+        for name in value.dtype.names:
+            _feed_value(h, value[name])
+    elif isinstance(value, np.ndarray | np.generic):
+        a = np.asarray(value)
+        h.update(f"a{a.dtype.str}{a.shape}:".encode())
+        feed_values(h, a)
+    else:  # a reference or another object h5py gives: what it says it is
+        h.update(f"o{value!r}".encode())
 
 
 def hash_span(h: Any, fd: int, offset: int, size: int, cold: ColdReads | None = None) -> None:

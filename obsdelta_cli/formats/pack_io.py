@@ -49,7 +49,7 @@ from .hdf5 import (
     finish_output,
     new_output,
 )
-from .hdf5_copy import Relinks
+from .hdf5_copy import Relinks, copy_object, copy_values
 from .hdf5_leaves import (
     BF16_ATTR,
     LAYOUT_TWINS,
@@ -432,9 +432,9 @@ def copy_structure(
     """Copy ``src`` into ``out`` object for object but its manifest (the packed one holds
     it), with its root attributes; each dataset whose path is in ``rewritten`` is given to
     ``rewrite(dataset, parent in out, name, path)`` instead."""
-    for name in src.attrs:
-        if name != META_ATTR:
-            out.attrs.create(name, src.attrs[name], dtype=src.attrs.get_id(name).dtype)
+    copy_attrs(src, out)  # with their stored types, as every other object's
+    if META_ATTR in out.attrs:
+        del out.attrs[META_ATTR]
     relinks = Relinks()
 
     def walk(group: h5py.Group, dst: h5py.Group) -> None:
@@ -450,7 +450,7 @@ def copy_structure(
             elif path in rewritten:
                 rewrite(obj, dst, name, path)
             else:
-                group.copy(obj, dst, name=name)
+                copy_object(group, obj, dst, name)
 
     walk(src, out)
 
@@ -691,7 +691,9 @@ def _check_kept(packed: Source, datasets: dict[str, Any], inner: Manifest) -> No
     # Read from the file the objects are in: a flat packed file's skeleton is apart.
     with reading_pack(packed.path):
         held = Path(packed.handle.filename)
-        found = hash_objects_apart(packed.handle, held, lambda name: name in datasets)
+        found = hash_objects_apart(
+            packed.handle, held, lambda name: name in datasets, copied_from=inner.objects
+        )
     differing = inner.object_differing(found, all_recorded=False)
     if differing is not None:
         name, recorded, _ = differing
@@ -738,25 +740,12 @@ def _unpack_group(
             # header, which HDF5's object copy met with a crash.
             raise damaged_pack(packed.path, f"obsdelta's object {path} is not a dataset")
         elif path.startswith(f"{OWN}/arrays/"):
-            _copy_values(obj, dst, name)
+            # Not an object copy: HDF5 reads the attribute's string through a heap address,
+            # which damage turned into a crash; the values are checked against the rows'
+            # hashes as inflate reads them, and the manifest gives the dtype.
+            copy_values(obj, dst, name)
         else:
-            group.copy(obj, dst, name=name)
-
-
-def _copy_values(ds: h5py.Dataset, dst: h5py.Group, name: str) -> None:
-    """obsdelta's own array ``ds`` as ``name`` of ``dst``: its type, shape, creation
-    properties and values, not its attribute (the manifest gives the dtype). Not an object
-    copy: HDF5 reads the attribute's string through a heap address, which damage turned into
-    a crash; the values are checked against the rows' hashes as inflate reads them."""
-    dsid = ds.id
-    new = h5py.Dataset(
-        h5py.h5d.create(
-            dst.id, name.encode(), dsid.get_type(), dsid.get_space(), dcpl=dsid.get_create_plist()
-        )
-    )
-    step = max(1, BLOCK_BYTES // max(1, ds.dtype.itemsize))
-    for start in range(0, ds.shape[0] if ds.ndim else 0, step):
-        new[start : start + step] = ds[start : start + step]
+            copy_object(group, obj, dst, name)
 
 
 def _restore(

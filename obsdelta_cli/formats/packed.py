@@ -560,8 +560,8 @@ def _hdf5_hashes(
     members, ``member``, from their families)."""
     repacked: dict[str, Any] = info["datasets"]
     # The objects kept as they are, in a child: a damaged attribute can crash HDF5 (.apart).
-    out = hash_objects_apart(f, file, lambda n: n in repacked or skip(n))
     recorded = meta.get("objects") or {}
+    out = hash_objects_apart(f, file, lambda n: n in repacked or skip(n), copied_from=recorded)
     for name, entry in repacked.items():
         if skip(name):
             continue
