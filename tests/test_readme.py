@@ -25,7 +25,7 @@ def test_training_loop_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     (block,) = [b for b in _python_blocks() if "open_dataset" in b]
     compress(SAMPLE / "hopper_ted", tmp_path / "hopper_small", codec="exact")
     monkeypatch.chdir(tmp_path)
-    scope: dict[str, object] = {}
+    scope: dict[str, object] = {"__name__": "__main__"}  # run as a script is
     exec(compile(block, "README.md", "exec"), scope)
     assert float(scope["loss"].detach()) < 10  # type: ignore[attr-defined]
 
