@@ -148,6 +148,21 @@ def _kept(k: KeyResult) -> str:
     return f"{k.key}: kept uncompressed: {why}"
 
 
+def _fidelity(keys: Sequence[KeyResult]) -> str:
+    """Whether the values come back as they were: the first thing a table should say.
+
+    >>> k = KeyResult("obs", "fp16", "float32", [4, 2], 32, 16, 0.002, 0.001, 4, 0, lossless=False)
+    >>> _fidelity([k])
+    'lossy: obs within 0.002 of the original (max abs error)'
+    """
+    lossy = [k for k in keys if k.lossless is False]
+    if not lossy:
+        return "lossless: every value comes back bit for bit"
+    names = ", ".join(k.key for k in lossy)
+    worst = max(k.max_abs_error or 0.0 for k in lossy)
+    return f"lossy: {names} within {worst:.3g} of the original (max abs error)"
+
+
 def render(result: DatasetResult, console: Console) -> None:
     """Print ``result`` as a table for people (``max_rel_error`` is in the JSON only)."""
     title = f"{result.command}: {result.input} ({result.format})"
@@ -168,6 +183,8 @@ def render(result: DatasetResult, console: Console) -> None:
     if result.command == "report" and not result.compressed and result.keys:
         lines[-1] += ", estimated for the codecs marked *"
         lines.append("auto marks what --codec auto picks")
+    elif result.keys:
+        lines.append(_fidelity(result.keys))
     if result.command == "verify":
         rebuilt = ", every key rebuilt" if result.keys else ""
         lines.append(f"verified: metadata sound, every checksum matches{rebuilt}")

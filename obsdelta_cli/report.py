@@ -49,12 +49,18 @@ class KeyResult:
     exception_rows: int = 0
     stored_dtype: str | None = None
     delta_key: str | None = None
+    #: The error bound asked for; ``None`` for none (a bound of 0 asks for no error either).
     max_abs_error_bound: float | None = None
     candidates: list[Candidate] | None = None
     #: What ``--codec auto`` picks for this key (dry-run report only).
     auto_pick: str | None = None
     #: Every row comes back bit for bit (for a dry run: with the codec marked).
     lossless: bool | None = None
+
+    def __post_init__(self) -> None:
+        # The lossless default runs with a bound of 0 inside; a user asked for none.
+        if not self.max_abs_error_bound:
+            self.max_abs_error_bound = None
 
 
 @dataclass

@@ -121,11 +121,15 @@ def select_pairs(
     ``none_ok``: a dataset with no next observations at all gives no pairs, not an error."""
     if keys:
         chosen: list[Pair] = []
+        # What --key can name: the pairs whose two leaves are both there.
+        present = [
+            p for p in candidates if p.obs_key in source.leaves and p.next_key in source.leaves
+        ]
         for text in keys:
             wanted = "/".join(p for p in text.split("/") if p)
             named = [p for p in candidates if wanted in (p.name, *p.aliases)]
             if not wanted or not named:
-                known = sorted({p.name for p in candidates})
+                known = sorted({p.name for p in present})
                 why = "empty key" if not wanted else "no such leaf"
                 raise DataError(
                     why, file=source.path, key=text, hint=f"known: {', '.join(known) or 'none'}"
@@ -133,9 +137,11 @@ def select_pairs(
             for pair in named:
                 problem = pair_problem(source, pair, supports)
                 if problem:
-                    raise DataError(
-                        problem, file=source.path, key=text, hint="pick keys with --key"
+                    usable = sorted(
+                        {p.name for p in present if pair_problem(source, p, supports) is None}
                     )
+                    hint = f"keys this codec can encode: {', '.join(usable) or 'none'}"
+                    raise DataError(problem, file=source.path, key=text, hint=hint)
                 if pair not in chosen:
                     chosen.append(pair)
         return chosen
