@@ -288,12 +288,17 @@ def _run(
         todo = [Job(command, i, o, options) for i, o in zip(inputs, outputs, strict=True)]
         bars = not (as_json or quiet) and _console(stderr=True).is_terminal
         with (
-            showing(RichProgress(command) if bars else Progress()),
+            showing(RichProgress(command) if bars else Progress()) as progress,
             closing(run_all(todo, workers=jobs, scheduler=scheduler)) as results,
         ):
+            # Workers' own bars stay in their processes: here, the inputs done so far.
+            apart = (jobs > 1 or scheduler is not None) and len(todo) > 1
+            counted = progress.inputs(len(todo)) if apart else None
             for outcome in results:
                 outcomes.append(outcome)
                 _show(outcome, as_json=as_json, quiet=quiet)
+                if counted is not None:
+                    progress.advance(counted, 1)
                 interrupts.check()
         if plot is not None and outcomes[0].result is not None:
             plot_report(outcomes[0].result, plot)

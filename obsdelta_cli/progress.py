@@ -31,6 +31,11 @@ class Progress:
         """Start a task of ``total`` units (bytes of next observations)."""
         return None
 
+    def inputs(self, total: int) -> Any:
+        """Start counting the ``total`` inputs of a batch run in worker processes, whose own
+        bars are not shown here: :meth:`advance` it by one as each input ends."""
+        return None
+
     def advance(self, task: Any, amount: int) -> None:
         """``amount`` more units of ``task`` are done."""
 
@@ -47,6 +52,9 @@ class Recorder(Progress):
     def task(self, description: str, total: int) -> int:
         self.events.append(("task", description, total))
         return sum(e[0] == "task" for e in self.events) - 1
+
+    def inputs(self, total: int) -> int:
+        return self.task("inputs", total)
 
     def advance(self, task: Any, amount: int) -> None:
         self.events.append(("advance", task, amount))
@@ -67,13 +75,23 @@ class RichProgress(Progress):
         )
         from rich.progress import Progress as Bars
 
+        class Bytes(DownloadColumn):
+            def render(self, task: Any) -> Any:
+                if "inputs" in task.fields:
+                    return f"{task.completed:.0f}/{task.total:.0f} inputs"
+                return super().render(task)
+
+        class Speed(TransferSpeedColumn):
+            def render(self, task: Any) -> Any:
+                return "" if "inputs" in task.fields else super().render(task)
+
         self.title = title
         self.bars = Bars(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
             TaskProgressColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
+            Bytes(),
+            Speed(),
             TimeElapsedColumn(),
             console=Console(stderr=True),
             transient=True,
@@ -88,6 +106,9 @@ class RichProgress(Progress):
 
     def task(self, description: str, total: int) -> Any:
         return self.bars.add_task(f"{self.title} {description}", total=total)
+
+    def inputs(self, total: int) -> Any:
+        return self.bars.add_task(self.title, total=total, inputs=True)
 
     def advance(self, task: Any, amount: int) -> None:
         self.bars.advance(task, amount)

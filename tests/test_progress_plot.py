@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pty
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -111,3 +112,20 @@ def test_plot_without_matplotlib(cli: Cli, tmp_path: Path, monkeypatch: pytest.M
         says=["--plot needs matplotlib", "obsdelta[plot]"],
     )
     assert not (tmp_path / "p.png").exists()
+
+
+def test_a_batch_in_workers_counts_its_inputs_on_a_terminal(big: Path, tmp_path: Path) -> None:
+    """With --jobs, each input's bars stay in its worker: the terminal shows the inputs done."""
+    inputs = [str(shutil.copytree(big, tmp_path / f"in{i}")) for i in range(3)]
+    shown = _on_a_terminal("compress", *inputs, "-o", str(tmp_path / "o") + "/", "--jobs", "2")
+    assert re.search(r"[0-3]/3 inputs", shown), shown
+
+
+def test_the_input_count_is_reported_per_input() -> None:
+    from obsdelta_cli.progress import Recorder, showing
+
+    with showing(Recorder()) as rec:
+        task = rec.inputs(3)
+        for _ in range(3):
+            rec.advance(task, 1)
+    assert rec.events == [("task", "inputs", 3)] + [("advance", 0, 1)] * 3
