@@ -12,16 +12,16 @@ from obsdelta_cli.errors import InputError
 from obsdelta_cli.formats import FORMATS, detect
 
 from .conftest import SAMPLE
-from .writers import OUTPUT_WRITERS, WRITERS
+from .writers import OUTPUT_WRITERS, RECOGNISED_WRITERS, WRITERS
 
 
 def test_every_format_has_a_writer() -> None:
-    assert set(WRITERS) | set(OUTPUT_WRITERS) == set(FORMATS)
+    assert set(WRITERS) | set(OUTPUT_WRITERS) | set(RECOGNISED_WRITERS) == set(FORMATS)
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_detected_from_content_not_name(fmt: str, tmp_path: Path, hopper: TensorDictBase) -> None:
-    path = {**WRITERS, **OUTPUT_WRITERS}[fmt](hopper[:400], tmp_path / "data")
+    path = {**WRITERS, **OUTPUT_WRITERS, **RECOGNISED_WRITERS}[fmt](hopper[:400], tmp_path / "data")
     odd = tmp_path / "renamed.h5"  # a misleading name changes nothing
     path.rename(odd)
     assert detect(odd).name == fmt

@@ -160,6 +160,31 @@ def write_packed(td: TensorDictBase, path: Path) -> Path:
 #: Formats that are only ever written by obsdelta, with how the tests make one.
 OUTPUT_WRITERS: dict[str, Callable[[TensorDictBase, Path], Path]] = {"packed-hdf5": write_packed}
 
+#: TorchRL's storage checkpointers that store each observation once, by kind.
+CHECKPOINTERS = {
+    "flat": "FlatStorageCheckpointer",
+    "nested": "NestedStorageCheckpointer",
+    "h5": "H5StorageCheckpointer",
+}
+
+
+def write_checkpoint(td: TensorDictBase, path: Path, kind: str = "flat") -> Path:
+    """A replay-buffer dump of ``td`` written through TorchRL's checkpointer of ``kind``."""
+    rl_data = pytest.importorskip("torchrl.data")
+    from torchrl.data.replay_buffers import checkpointers
+
+    rb = rl_data.TensorDictReplayBuffer(storage=rl_data.LazyMemmapStorage(td.shape[0]))
+    rb.extend(td)
+    rb._storage.checkpointer = getattr(checkpointers, CHECKPOINTERS[kind])()
+    rb.dumps(path)
+    return path
+
+
+#: Layouts obsdelta recognises to say there is nothing to remove, with no writer of their own.
+RECOGNISED_WRITERS: dict[str, Callable[[TensorDictBase, Path], Path]] = {
+    "torchrl-checkpoint": write_checkpoint
+}
+
 #: Formats whose keys follow TED (``k`` and ``("next", k)``), so TED tensordicts round-trip.
 TED_KEYED = ["ted-memmap", "ted-pt", "torchrl-rb", "ted-hdf5"]
 

@@ -73,7 +73,10 @@ def _inner_name(input: Path) -> str:
 
 
 def _check_packable(input: Path, flat: bool = False) -> str:
-    name = detect(input).name
+    fmt = detect(input)
+    name = fmt.name
+    if name not in PACKABLE and fmt.nothing_to_do:
+        fmt.open(input)  # a layout recognised only to say why: its reason, as its error
     if name not in PACKABLE:
         raise UsageError(
             f"--pack does not take {name} inputs",

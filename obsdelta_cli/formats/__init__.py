@@ -1,8 +1,8 @@
 """Format registry and content-based detection.
 
 >>> list(FORMATS)  # doctest: +NORMALIZE_WHITESPACE
-['packed-hdf5', 'torchrl-rb', 'ted-memmap', 'ted-pt', 'd4rl-hdf5', 'robomimic-hdf5',
- 'minari-hdf5', 'ted-hdf5']
+['packed-hdf5', 'torchrl-checkpoint', 'torchrl-rb', 'ted-memmap', 'ted-pt', 'd4rl-hdf5',
+ 'robomimic-hdf5', 'minari-hdf5', 'ted-hdf5']
 """
 
 from __future__ import annotations
@@ -30,12 +30,14 @@ from .robomimic import Robomimic
 from .ted_hdf5 import TedHDF5
 from .ted_memmap import TedMemmap
 from .ted_pt import TedPt
+from .torchrl_checkpoint import TorchRLCheckpoint
 from .torchrl_rb import TorchRLReplayBuffer
 
 # Order matters: detection tries the most specific layout first (a replay-buffer dump contains
-# a memmap tree; a packed file holds any layout's datasets).
+# a memmap tree, and a TorchRL checkpoint is a dump; a packed file holds any layout's datasets).
 FORMATS: dict[str, type[Format]] = {
     Packed.name: Packed,
+    TorchRLCheckpoint.name: TorchRLCheckpoint,
     TorchRLReplayBuffer.name: TorchRLReplayBuffer,
     TedMemmap.name: TedMemmap,
     TedPt.name: TedPt,
