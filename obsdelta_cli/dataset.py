@@ -88,6 +88,8 @@ class ObsdeltaDataset(Dataset):
         self._stream = stream_for(source, time_dim, 64)
         # A packed file is read as the container it was packed from.
         layout = manifest.source_container if manifest and manifest.source_container else None
+        #: A TorchRL replay-buffer dump's preallocated rows (``len(self)`` of them are data).
+        self.buffer_capacity: int | None = None
         self._segments = self._build(source, stored, layout or fmt.name)
         self._offsets = np.array([0, *[s.rows for s in self._segments]], dtype=np.int64).cumsum()
 
@@ -137,6 +139,8 @@ class ObsdeltaDataset(Dataset):
                 readers[rename(key)] = _reader(flat) if own is None else own.observations
         valid = self._source.valid_rows
         rows = 0 if batch is None else math.prod(batch[1:]) * (batch[0] if valid is None else valid)
+        if valid is not None and batch is not None:
+            self.buffer_capacity = math.prod(batch)
         if ("next", "done") not in readers and ("next", "terminated") in readers:
             readers[("next", "done")] = _done(readers)
         return _Segment(rows, readers)

@@ -103,13 +103,17 @@ class ObsdeltaStorage(TensorStorage):
                 "ObsdeltaStorage needs torchrl: pip install 'obsdelta[torchrl]'", name="torchrl"
             )
         self._open(path)
-        Storage.__init__(self, max_size=len(self._data))
+        capacity = self._data.buffer_capacity
+        Storage.__init__(self, max_size=capacity or len(self._data))
         self.initialized = True
         self.device = torch.device("cpu")
         self._storage = None  # no in-memory TensorDict: samplers read through storage[...]
         self.__dict__["_storage_keys"] = None
-        # The file is written in order: its last row ends the data (no wrap-around to row 0).
-        self._set_last_cursor(max(len(self._data) - 1, 0))
+        if capacity is None:
+            # A file is written in order: its last row ends the data (no wrap-around to row 0).
+            self._set_last_cursor(max(len(self._data) - 1, 0))
+        # A replay-buffer dump is read as TorchRL loads one: its capacity is its own, and no
+        # write position is known, so a full buffer is circular (an episode may wrap to row 0).
 
     def _open(self, path: str | Path) -> None:
         self._data = ObsdeltaDataset(path)

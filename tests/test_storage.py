@@ -233,3 +233,38 @@ def test_readme_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     exec(compile(block, "README.md", "exec"), scope)
     batch = scope["batch"]
     assert isinstance(batch, TensorDictBase) and batch.shape == (8, 32)
+
+
+@pytest.mark.parametrize(
+    ("capacity", "written"),
+    [
+        (2000, [(0, 1000), (1000, 2500)]),  # wrapped: rows 2000-2499 overwrote 0-499
+        (2950, [(0, 2950)]),  # full, its last episode unfinished (as TorchRL's D4RL caches)
+        (3000, [(0, 2950)]),  # spare capacity
+    ],
+)
+@pytest.mark.parametrize("by", ["end_key", "traj_key"])
+def test_slices_are_torchrl_s_own(
+    tmp_path: Path, hopper: TensorDictBase, capacity: int, written: list, by: str
+) -> None:
+    """On a replay-buffer dump, compressed or not, SliceSampler draws the same rows from
+    ObsdeltaStorage as from TorchRL's own storage loaded from the dump, for the same seed:
+    episodes that wrap around a full buffer's end included."""
+    rb = rl_data.TensorDictReplayBuffer(storage=rl_data.LazyMemmapStorage(capacity))
+    for start, stop in written:
+        rb.extend(hopper[start:stop])
+    rb.dumps(tmp_path / "dump")
+    compress(tmp_path / "dump", tmp_path / "small")
+    theirs = rl_data.TensorDictReplayBuffer(storage=rl_data.LazyMemmapStorage(capacity))
+    theirs.loads(tmp_path / "dump")
+    key = {"end_key": ("next", "done"), "traj_key": ("collector", "traj_ids")}[by]
+    drawn = []
+    for storage in (theirs._storage, ObsdeltaStorage(tmp_path / "dump"),
+                    ObsdeltaStorage(tmp_path / "small")):  # fmt: skip
+        torch.manual_seed(0)
+        idx, _ = rl_data.SliceSampler(slice_len=32, **{by: key}).sample(storage, 8192)
+        drawn.append(idx if isinstance(idx, torch.Tensor) else torch.stack(list(idx), -1))
+    assert torch.equal(drawn[0], drawn[1]) and torch.equal(drawn[0], drawn[2])
+    if capacity == 2000:  # the draw does cross the end of the storage, as TorchRL's does
+        steps = drawn[0].reshape(-1, 32)
+        assert ((steps[:, 1:] - steps[:, :-1]) < 0).any()
