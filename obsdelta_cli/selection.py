@@ -2,10 +2,12 @@
 
 A format adapter lists the pairs its layout defines (TED: root ``k`` with ``("next", k)``;
 D4RL: ``observations`` with ``next_observations``; robomimic: ``obs/<name>`` with
-``next_obs/<name>`` in each demo). Here they are filtered: by default only observation pairs
-are rewritten. Rewards, ``done``/``terminated``/``truncated`` flags, ``info``/``infos`` and
+``next_obs/<name>`` in each demo). Here they are filtered. Rewards, ``info``/``infos`` and
 actions have ``next`` twins in some layouts (TorchRL's offline caches) but are not
-observations, and bool leaves are flags; they stay byte for byte unless ``--key`` names them.
+observations: a lossy codec rewrites observation pairs only, unless ``--key`` names more, while
+a lossless one also takes every other pair whose next leaf is a shifted copy of its leaf
+(:func:`shifted_twin`), which comes back bit for bit as well. Bool leaves are flags, never
+taken unless named.
 
 >>> is_observation(("observation",)), is_observation(("reward",)), is_observation(("info", "x"))
 (True, False, False)
@@ -96,6 +98,7 @@ def pairs_of(
     supports: Callable[[np.dtype], bool],
     *,
     none_ok: bool = False,
+    with_twins: bool = False,
 ) -> list[Pair]:
     """The pairs of ``source`` (of format ``fmt``) to encode, as :func:`select_pairs` picks
     them. A layout that never stores a next observation twice (Minari) has none: it is
@@ -106,7 +109,40 @@ def pairs_of(
             hint = "leave out --key" if none_ok else NOTHING_HINT
             raise InputError(fmt.nothing_to_do, file=source.path, hint=hint)
         return []
-    return select_pairs(fmt.pairs(source), source, keys, supports, none_ok=none_ok)
+    return select_pairs(
+        fmt.pairs(source), source, keys, supports, none_ok=none_ok, with_twins=with_twins
+    )
+
+
+#: Rows of a pair :func:`shifted_twin` compares.
+TWIN_ROWS = 256
+
+
+def shifted_twin(source: Source, pair: Pair) -> bool:
+    """Whether the next leaf of ``pair`` holds, in most of the first :data:`TWIN_ROWS` rows, a
+    bit-identical copy of the following row of its leaf (``next/info/qpos[t] == info/qpos[t+1]``
+    in TorchRL's caches): ``exact`` then stores it losslessly in a few exception rows. Read from
+    the first rows only, of sources with one batch dimension.
+
+    >>> from obsdelta_cli.formats import Pair, Source
+    >>> k, pair = np.arange(10.0), Pair.ted(("k",))
+    >>> shifted_twin(Source(None, {("k",): k, ("next", "k"): k + 1}, 1, None), pair)
+    True
+    >>> shifted_twin(Source(None, {("k",): k, ("next", "k"): k}, 1, None), pair)
+    False
+    """
+    if source.batch_dims != 1:
+        return False
+    rows = min(TWIN_ROWS, source.leaves[pair.obs_key].shape[0])
+    if rows < 2:
+        return False
+    first, then = (_first_rows(source.leaves[k], rows) for k in (pair.obs_key, pair.next_key))
+    same = (first[1:] == then[:-1]).reshape(rows - 1, -1).all(axis=1)
+    return bool(same.mean() >= 0.5)
+
+
+def _first_rows(leaf: object, rows: int) -> np.ndarray:
+    return leaf[:rows] if isinstance(leaf, np.ndarray) else leaf.read(0, rows)  # type: ignore[attr-defined]
 
 
 def select_pairs(
@@ -116,9 +152,12 @@ def select_pairs(
     supports: Callable[[np.dtype], bool],
     *,
     none_ok: bool = False,
+    with_twins: bool = False,
 ) -> list[Pair]:
     """The pairs to encode: those ``keys`` name (any alias), or every observation pair.
-    ``none_ok``: a dataset with no next observations at all gives no pairs, not an error."""
+    ``none_ok``: a dataset with no next observations at all gives no pairs, not an error.
+    ``with_twins`` (a lossless codec): also every other pair whose next leaf is a
+    :func:`shifted_twin` (``info/*`` of TorchRL's caches), which comes back bit for bit too."""
     if keys:
         chosen: list[Pair] = []
         # What --key can name: the pairs whose two leaves are both there.
@@ -151,6 +190,13 @@ def select_pairs(
 
     observations = [p for p in candidates if is_observation(p.obs_key)]
     pairs = [p for p in observations if pair_problem(source, p, eligible) is None]
+    if pairs and with_twins:
+        others = [p for p in candidates if p not in observations]
+        pairs += [
+            p
+            for p in others
+            if pair_problem(source, p, eligible) is None and shifted_twin(source, p)
+        ]
     if pairs:
         return pairs
     twins = [p for p in observations if p.next_key in source.leaves or p.next_key in source.unread]

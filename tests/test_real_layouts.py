@@ -215,9 +215,12 @@ def _leaves(folder: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("cache", ["d4rl-cache", "minari-cache"])
-def test_torchrl_cache_only_observations_rewritten(
+def test_torchrl_cache_only_observations_and_shifted_twins_rewritten(
     request: pytest.FixtureRequest, cache: str, tmp_path: Path
 ) -> None:
+    """The lossless default removes the next observations and every other next leaf that is
+    a shifted copy (TorchRL's D4RL cache keeps ``("next", "reward")`` and ``("next", "info",
+    *)`` so), and gives every byte back; flags (bool) stay as they are."""
     layouts = request.getfixturevalue("real" if cache == "d4rl-cache" else "minari_real")
     src = layouts[cache]
     root_small, root_back = tmp_path / "small", tmp_path / "back"
@@ -229,11 +232,19 @@ def test_torchrl_cache_only_observations_rewritten(
     back.parent.mkdir(parents=True)
     before = _leaves(src)
     result = compress(src, small)
-    assert [k.key for k in result.keys] == ["next/observation"], [k.key for k in result.keys]
+    removed = ["next/observation"]
+    if cache == "d4rl-cache":
+        removed += [
+            "next/reward",
+            *(f"next/info/{k}" for k in ("action_log_probs", "qpos", "qvel")),
+        ]
+        assert result.bytes_before / result.bytes_after >= 1.7
+    assert [k.key for k in result.keys] == removed, [k.key for k in result.keys]
+    assert all(k.codec == "exact" and k.lossless for k in result.keys)
     inflate(small, back)
     stored, restored = _leaves(small), _leaves(back)
     for name, raw in before.items():
-        if name.startswith("next/observation"):
+        if any(name.startswith(k) for k in removed):
             continue
         # rewards, done/terminated/truncated, info/*, their next twins, meta.json and
         # env_metadata.json: byte for byte in the compressed and the inflated cache.
@@ -248,9 +259,16 @@ def test_torchrl_cache_only_observations_rewritten(
     # It also reopens the compressed cache (exact stores no per-row leaf, so the next
     # observation is absent there, and every other leaf is the original).
     td = _reopen(cache, root_small)
-    assert ("next", "observation") not in td.keys(True, True)
+    gone = {tuple(k.split("/")) for k in removed}
+    assert set(td.keys(True, True)) == set(want.keys(True, True)) - gone
     assert ("next", "delta") not in td.keys(True)
-    assert (td == want.exclude(("next", "observation"))).all()
+    for key in td.keys(True, True):
+        assert (td[key] == want[key]).all(), key
+
+
+def test_a_lossy_codec_touches_only_observations(real: dict[str, Path], tmp_path: Path) -> None:
+    result = compress(real["d4rl-cache"], tmp_path / "small", codec="fp16")
+    assert [k.key for k in result.keys] == ["next/observation"]
 
 
 def _reopen(cache: str, root: Path) -> TensorDict:

@@ -269,7 +269,10 @@ def compress(
         def supports(dtype: np.dtype) -> bool:
             return bool(candidates(dtype, bound)) if chosen is None else chosen.supports(dtype)
 
-        pairs = pairs_of(fmt, source, keys, supports, none_ok=copy_if_nothing)
+        # Lossless: every pair with a shifted twin (info/* of TorchRL's caches) comes back bit
+        # for bit too; a lossy codec touches only observations unless --key names more.
+        lossless = not bound and (chosen is None or chosen.lossless)
+        pairs = pairs_of(fmt, source, keys, supports, none_ok=copy_if_nothing, with_twins=lossless)
         stream = stream_for(source, time_dim, chunk_mb)
         groups = KeyGroup.group(source, pairs)
         plans: list[tuple[KeyGroup, Codec | None, list[Candidate] | None]] = []

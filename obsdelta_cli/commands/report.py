@@ -73,7 +73,9 @@ def report(
         def supports(dtype: object) -> bool:
             return bool(candidates(dtype, shown))  # type: ignore[arg-type]
 
-        pairs = pairs_of(fmt, source, keys, supports, none_ok=pack)
+        # The codec marked is lossless: every pair with a shifted twin comes back bit for bit.
+        marked_lossless = not bound and (codec == AUTO or CODECS[codec].lossless)
+        pairs = pairs_of(fmt, source, keys, supports, none_ok=pack, with_twins=marked_lossless)
         stream = stream_for(source, time_dim, chunk_mb)
         results = []
         picks: dict[str, str] = {}
