@@ -233,6 +233,21 @@ def write_robomimic_real(
     return path
 
 
+def drifting_frames(base: TensorDictBase, repeat: int, seed: int = 0) -> TensorDictBase:
+    """``base`` (Pong's rollout) ``repeat`` times over, its ``pixels`` replaced by a noisy
+    background whose pixels drift one step at a time: frame deltas are small, while the frames
+    themselves never repeat (the data where storing frame deltas pays most)."""
+    gen = torch.Generator().manual_seed(seed)
+    frames = torch.cat([base.clone()] * repeat)
+    shape = (frames.shape[0], *base["pixels"].shape[1:])
+    steps = torch.randint(-1, 2, shape, generator=gen) * (torch.rand(shape, generator=gen) < 0.3)
+    start = torch.randint(0, 256, (1, *shape[1:]), generator=gen)
+    pixels = ((start + steps.cumsum(0)) % 256).to(torch.uint8)
+    frames["pixels"] = pixels
+    frames["next", "pixels"] = torch.cat([pixels[1:], pixels[-1:]])
+    return frames
+
+
 def demo_order(path: Path) -> list[str]:
     """robomimic's own demo order: numeric."""
     with h5py.File(path, "r") as f:
