@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from obsdelta_cli import compress  # noqa: E402
-from obsdelta_cli.filters import FILTERS, chunk_rows, frame_delta  # noqa: E402
+from obsdelta_cli.filters import chunk_rows, frame_delta  # noqa: E402
 from tests import realistic as R  # noqa: E402
 from tests.conftest import load_sample  # noqa: E402
 from tests.writers import write_memmap  # noqa: E402
@@ -78,12 +78,7 @@ def pack_as_0_2(src: Path, out: Path) -> None:
     """``compress --pack`` with frames offered the frame-delta filter, as 0.2 offered it."""
     module = importlib.import_module("obsdelta_cli.filters")
     real = module.candidates
-
-    def with_deltas(dtype: np.dtype, shape: Any) -> list[Any]:
-        image = dtype == np.uint8 and len(shape) >= 3
-        return [*real(dtype, shape), *([FILTERS["frame-delta-zstd3"]] if image else [])]
-
-    module.candidates = with_deltas
+    module.candidates = R.offering_frame_deltas(real)
     try:
         compress(src, out, pack=True)
     finally:

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -246,6 +248,18 @@ def drifting_frames(base: TensorDictBase, repeat: int, seed: int = 0) -> TensorD
     frames["pixels"] = pixels
     frames["next", "pixels"] = torch.cat([pixels[1:], pixels[-1:]])
     return frames
+
+
+def offering_frame_deltas(candidates: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
+    """``candidates`` (of :mod:`obsdelta_cli.filters`) plus the frame-delta filter for uint8
+    images, as obsdelta 0.2 offered it: with it, packing writes the files 0.2 wrote."""
+    from obsdelta_cli.filters import FILTERS
+
+    def with_deltas(dtype: np.dtype, shape: Any) -> list[Any]:
+        image = dtype == np.uint8 and len(shape) >= 3
+        return [*candidates(dtype, shape), *([FILTERS["frame-delta-zstd3"]] if image else [])]
+
+    return with_deltas
 
 
 def demo_order(path: Path) -> list[str]:

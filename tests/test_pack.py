@@ -22,7 +22,7 @@ from obsdelta_cli import compress, inflate, open_dataset, report, verify
 from obsdelta_cli.commands.common import open_input
 from obsdelta_cli.commands.pack import FOLDERS, PACKABLE
 from obsdelta_cli.errors import DataError, ObsdeltaError
-from obsdelta_cli.filters import FILTERS, MIN_PACK_BYTES
+from obsdelta_cli.filters import MIN_PACK_BYTES
 from obsdelta_cli.formats import detect
 from obsdelta_cli.formats.leaf import FileLeaf
 from obsdelta_cli.formats.packed import NAME, TRANSFORM_ATTR
@@ -31,7 +31,7 @@ from obsdelta_cli.render import _size
 
 from .conftest import SAMPLE, Cli, tree_hash
 from .manifests import manifest_of
-from .realistic import drifting_frames
+from .realistic import drifting_frames, offering_frame_deltas
 from .writers import write_memmap, write_minari, write_pt, write_robomimic, write_ted_hdf5
 
 INPUTS = list(PACKABLE)
@@ -248,13 +248,7 @@ def frame_deltas_of_0_2(monkeypatch: pytest.MonkeyPatch) -> None:
     """Packing offers frames the frame-delta filter, as obsdelta 0.2 did: the files it wrote
     must still read exactly."""
     module = importlib.import_module("obsdelta_cli.filters")
-    real = module.candidates
-
-    def with_deltas(dtype: np.dtype, shape: Any) -> list[Any]:
-        image = dtype == np.uint8 and len(shape) >= 3
-        return [*real(dtype, shape), *([FILTERS["frame-delta-zstd3"]] if image else [])]
-
-    monkeypatch.setattr(module, "candidates", with_deltas)
+    monkeypatch.setattr(module, "candidates", offering_frame_deltas(module.candidates))
 
 
 def test_frames_are_stored_as_themselves(tmp_path: Path, pong: TensorDictBase) -> None:
