@@ -1,6 +1,5 @@
 """HDF5 filters for packed files: the candidates, chunk shapes, the choice per key measured on a
-sample of chunks, the one lossless transform (frame deltas for uint8 images), and the encoder
-that compresses chunks on a pool of threads.
+sample of chunks, and the encoder that compresses chunks on a pool of threads.
 
 Every candidate is a filter pipeline that plain ``h5py`` reads once ``hdf5plugin`` is imported:
 HDF5's own byte shuffle (optional) then hdf5plugin's Zstd filter, whose chunk is one zstd frame.
@@ -9,6 +8,15 @@ interpreter lock, so both cores compress), and written as they are with
 ``write_direct_chunk``: HDF5 itself filters nothing, and a chunk's size is known before it is
 written. The set is small on purpose: each is measured on every key's sample, and each must
 compress at several hundred MB/s on one core.
+
+A dataset is stored as its own values, never transformed: any reader that opens it by name
+(robomimic, Minari, TorchRL, plain ``h5py``) gets them once ``hdf5plugin`` is imported, and
+HDF5's filter error without it. Files packed by obsdelta 0.2 may hold uint8 frames as frame
+deltas under their own names (the attribute ``obsdelta_transform``); obsdelta still reads them
+exactly (:func:`undo_frame_delta`), other readers do not (``inflate`` writes the values back).
+No HDF5 filter hdf5plugin decodes stores frame deltas: Blosc2's DELTA filter XORs each block
+with the chunk's first one, and measured smaller than zstd on no image data here
+(benchmarks/README.md, "Image datasets in packed files").
 
 >>> import numpy as np
 >>> frames = np.array([[1, 2], [3, 2], [3, 255]], dtype=np.uint8)
@@ -41,7 +49,8 @@ CHUNK_BYTES = 1 << 20
 SAMPLE_CHUNKS = 4
 #: Datasets smaller than this are copied as they are: filters would gain only bytes.
 MIN_PACK_BYTES = 1 << 10
-#: The transform that stores frame ``t`` minus frame ``t - 1`` (mod 256) within a chunk.
+#: The transform of files packed by obsdelta 0.2: frame ``t`` minus frame ``t - 1`` (mod 256)
+#: within a chunk, stored under the dataset's own name.
 FRAME_DELTA = "frame-delta"
 #: hdf5plugin's Zstd filter (its registered HDF5 filter id).
 ZSTD_FILTER = 32015
@@ -148,6 +157,8 @@ FILTERS: dict[str, Filter] = {
     # actions), shuffled: 1.15-1.6x the speed of level 1's table, and 0.3-0.8% smaller.
     "shuffle-zstd1": Filter("shuffle-zstd1", 1, shuffle=True, itemsize_min=2, hash_log=10),
     "zstd3": Filter("zstd3", 3),
+    # Written by obsdelta 0.2 only, and never offered now: other readers would take its frame
+    # deltas for frames. Kept so that such files can be written again to test their reads.
     "frame-delta-zstd3": Filter("frame-delta-zstd3", 3, transform=FRAME_DELTA),
 }
 
@@ -216,17 +227,10 @@ class ThreadsPerCore:
 pool = ThreadsPerCore("obsdelta-encode")
 
 
-def is_image(dtype: np.dtype, shape: Sequence[int]) -> bool:
-    """uint8 rows of two or more dimensions: frames, where temporal deltas pay."""
-    return dtype == np.uint8 and len(shape) >= 3
-
-
 def candidates(dtype: np.dtype, shape: Sequence[int]) -> list[Filter]:
-    """The filters worth measuring on a dataset of ``dtype`` and ``shape``."""
-    out = [f for f in FILTERS.values() if dtype.itemsize >= f.itemsize_min and not f.transform]
-    if is_image(dtype, shape):
-        out.append(FILTERS["frame-delta-zstd3"])
-    return out
+    """The filters worth measuring on a dataset of ``dtype`` and ``shape``: those that store its
+    values as they are (frames included: see the module's note)."""
+    return [f for f in FILTERS.values() if dtype.itemsize >= f.itemsize_min and not f.transform]
 
 
 def chunk_rows(shape: Sequence[int], itemsize: int) -> int:

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -231,6 +233,33 @@ def write_robomimic_real(
         f.create_dataset("mask/valid", data=names[cut:])
     env.close()
     return path
+
+
+def drifting_frames(base: TensorDictBase, repeat: int, seed: int = 0) -> TensorDictBase:
+    """``base`` (Pong's rollout) ``repeat`` times over, its ``pixels`` replaced by a noisy
+    background whose pixels drift one step at a time: frame deltas are small, while the frames
+    themselves never repeat (the data where storing frame deltas pays most)."""
+    gen = torch.Generator().manual_seed(seed)
+    frames = torch.cat([base.clone()] * repeat)
+    shape = (frames.shape[0], *base["pixels"].shape[1:])
+    steps = torch.randint(-1, 2, shape, generator=gen) * (torch.rand(shape, generator=gen) < 0.3)
+    start = torch.randint(0, 256, (1, *shape[1:]), generator=gen)
+    pixels = ((start + steps.cumsum(0)) % 256).to(torch.uint8)
+    frames["pixels"] = pixels
+    frames["next", "pixels"] = torch.cat([pixels[1:], pixels[-1:]])
+    return frames
+
+
+def offering_frame_deltas(candidates: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
+    """``candidates`` (of :mod:`obsdelta_cli.filters`) plus the frame-delta filter for uint8
+    images, as obsdelta 0.2 offered it: with it, packing writes the files 0.2 wrote."""
+    from obsdelta_cli.filters import FILTERS
+
+    def with_deltas(dtype: np.dtype, shape: Any) -> list[Any]:
+        image = dtype == np.uint8 and len(shape) >= 3
+        return [*candidates(dtype, shape), *([FILTERS["frame-delta-zstd3"]] if image else [])]
+
+    return with_deltas
 
 
 def demo_order(path: Path) -> list[str]:

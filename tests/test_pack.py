@@ -31,6 +31,7 @@ from obsdelta_cli.render import _size
 
 from .conftest import SAMPLE, Cli, tree_hash
 from .manifests import manifest_of
+from .realistic import drifting_frames, offering_frame_deltas
 from .writers import write_memmap, write_minari, write_pt, write_robomimic, write_ted_hdf5
 
 INPUTS = list(PACKABLE)
@@ -242,20 +243,35 @@ def test_torchrl_rebuilds_a_packed_ted(tmp_path: Path, hopper: TensorDictBase) -
     assert 0 < float(err.max()) <= key.max_abs_error
 
 
-def test_frames_are_stored_as_frame_deltas(tmp_path: Path, pong: TensorDictBase) -> None:
-    """uint8 frames: the filter choice can store temporal deltas; every read undoes them."""
-    # A noisy background whose pixels drift one step at a time: deltas are small, while the
-    # frames themselves never repeat (600 frames: more than one chunk).
-    gen = torch.Generator().manual_seed(0)
-    steps = torch.randint(-1, 2, (600, 1, 53, 40), generator=gen) * (
-        torch.rand(600, 1, 53, 40, generator=gen) < 0.3
-    )
-    pixels = (torch.randint(0, 256, (1, 1, 53, 40), generator=gen) + steps.cumsum(0)) % 256
-    pixels = pixels.to(torch.uint8)
-    frames = pong.clone()
-    frames = torch.cat([frames] * 3)
-    frames["pixels"] = pixels
-    frames["next", "pixels"] = torch.cat([pixels[1:], pixels[-1:]])
+@pytest.fixture
+def frame_deltas_of_0_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Packing offers frames the frame-delta filter, as obsdelta 0.2 did: the files it wrote
+    must still read exactly."""
+    module = importlib.import_module("obsdelta_cli.filters")
+    monkeypatch.setattr(module, "candidates", offering_frame_deltas(module.candidates))
+
+
+def test_frames_are_stored_as_themselves(tmp_path: Path, pong: TensorDictBase) -> None:
+    """uint8 frames whose frame deltas would compress far better are still stored as the
+    frames: plain h5py reads them by name."""
+    frames = drifting_frames(pong, 3)
+    src = write_memmap(frames, tmp_path / "in")
+    packed = tmp_path / "p.h5"
+    compress(src, packed, pack=True)
+    with h5py.File(packed) as f:
+        assert TRANSFORM_ATTR not in f["pixels"].attrs
+        assert f["pixels"].chunks[0] < f["pixels"].shape[0]
+        assert np.array_equal(f["pixels"][()], frames["pixels"].numpy())
+    data = open_dataset(packed, cache_mb=0)
+    idx = torch.tensor([0, 5, 300, 301, 599])
+    assert torch.equal(data[idx]["next", "pixels"], frames["next", "pixels"][idx])
+    data.close()
+
+
+@pytest.mark.usefixtures("frame_deltas_of_0_2")
+def test_frame_deltas_of_0_2_read_exactly(tmp_path: Path, pong: TensorDictBase) -> None:
+    """A file packed by 0.2 with frames as frame deltas: every read of obsdelta's undoes them."""
+    frames = drifting_frames(pong, 3)
     src = write_memmap(frames, tmp_path / "in")
     packed = tmp_path / "p.h5"
     compress(src, packed, pack=True)
@@ -651,6 +667,7 @@ def _raw(path: Path, rows: np.ndarray) -> Path:
     return path
 
 
+@pytest.mark.usefixtures("frame_deltas_of_0_2")
 def test_frames_read_in_order_are_decoded_ahead(tmp_path: Path, pong: TensorDictBase) -> None:
     """Reads of a frame-delta dataset in order have the chunks that follow decoded while the
     caller works (as ``verify`` and ``inflate`` read); random reads decode only what they ask."""

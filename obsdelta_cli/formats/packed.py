@@ -6,7 +6,8 @@ dataset it was packed from, the *inner* container, whose name the manifest keeps
 
 - every leaf is a dataset at its key's path (``next/delta/observation``, ``observations``,
   ``data/demo_0/obs/agentview_image``), chunked along time and filtered with what measured
-  smallest (:mod:`obsdelta_cli.filters`); a uint8 image dataset may hold frame deltas (the
+  smallest (:mod:`obsdelta_cli.filters`), holding its own values, so that any reader gets
+  them; in a file packed by obsdelta 0.2, a uint8 image dataset may hold frame deltas (the
   attribute ``obsdelta_transform`` says so; :class:`PackedLeaf` undoes them);
 - an HDF5 inner keeps its other objects as they were (groups, attributes, small, string and
   obsdelta's own datasets), and the creation properties of every repacked dataset in an empty
