@@ -58,3 +58,25 @@ def test_example_check_notices_a_stale_readme() -> None:
     spec.loader.exec_module(module)
     stale = README.replace("dataset on disk:", "dataset on disc:", 1)
     assert stale != README and module.generate(stale) == README
+
+
+def test_training_example_runs_as_a_script_under_spawn(tmp_path: Path) -> None:
+    """Run as a user runs it: a script, after something (TorchRL, imported by
+    ObsdeltaStorage) switched worker processes to ``spawn``, which imports the script again in
+    every worker; the example's ``__main__`` guard keeps them from training too."""
+    pytest.importorskip("torchrl")
+    (block,) = [b for b in _python_blocks() if "open_dataset" in b]
+    compress(SAMPLE / "hopper_ted", tmp_path / "hopper_small")
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import multiprocessing\n"
+        "import obsdelta_cli.storage  # imports torchrl\n"
+        "multiprocessing.set_start_method('spawn', force=True)\n"
+        + block
+        + "    print('loss', float(loss))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("loss ") == 1  # trained once, in the main process only
