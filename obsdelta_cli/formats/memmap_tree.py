@@ -30,6 +30,7 @@ import numpy as np
 from ..arrays import DTYPES, dtype_name
 from ..errors import InputError
 from .base import ARRAYS_DIR, SIDECAR, Key, Plan
+from .folder_safety import read_json
 from .leaf import FileLeaf
 
 #: Folder, at the root of a compressed output, holding the original bytes of every meta.json that
@@ -142,11 +143,7 @@ def read_tree(root: Path) -> Tree:
 
     def walk(folder: Path, prefix: Key) -> Level:
         meta_file = folder / META
-        try:
-            raw = meta_file.read_bytes()
-            content = json.loads(raw)
-        except (OSError, ValueError) as exc:
-            raise _fail(f"meta.json is unreadable ({exc})", meta_file) from None
+        raw, content = read_json(meta_file)
         if not isinstance(content, dict):
             raise _fail("meta.json is not a JSON object", meta_file)
         entries = {k: v for k, v in content.items() if isinstance(v, dict)}

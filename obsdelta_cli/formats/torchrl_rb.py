@@ -11,7 +11,7 @@ obsdelta metadata is ``obsdelta.json``, the exception rows ``obsdelta.arrays/`` 
 
 from __future__ import annotations
 
-import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from .base import (
     read_sidecar,
     write_sidecar,
 )
+from .folder_safety import read_json, refuse_links
 from .memmap_tree import OWN, read_tree, write_tree
 from .ted_memmap import is_memmap_dir
 
@@ -40,13 +41,17 @@ class TorchRLReplayBuffer(FolderFormat):
 
     @classmethod
     def sniff(cls, path: Path) -> bool:
-        return (path / STORAGE / STORAGE_META).is_file() and is_memmap_dir(path / STORAGE)
+        storage = path / STORAGE
+        if storage.is_symlink():
+            return True  # opening the dump refuses the link
+        return os.path.lexists(storage / STORAGE_META) and is_memmap_dir(storage)
 
     def open(self, path: Path) -> Source:
+        refuse_links(path)
         meta_file = path / STORAGE / STORAGE_META
         try:
-            length = int(json.loads(meta_file.read_text())["len"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            length = int(read_json(meta_file, hint="the dump is damaged")[1]["len"])
+        except (ValueError, KeyError, TypeError) as exc:
             raise InputError(
                 f"cannot read the buffer length ({type(exc).__name__}: {exc})",
                 file=meta_file,
@@ -72,7 +77,7 @@ class TorchRLReplayBuffer(FolderFormat):
 
     def create(self, path: Path, source: Source, plan: Plan) -> Sink:
         ignore = shutil.ignore_patterns(STORAGE, *OWN)
-        shutil.copytree(source.path, path, ignore=ignore, symlinks=True)
+        shutil.copytree(source.path, path, ignore=ignore)
         restore = source.meta is not None
         own_root = source.path if restore else path
         leaves = write_tree(source.handle, path / STORAGE, plan, own_root=own_root, restore=restore)
