@@ -15,7 +15,10 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import h5py
+import numpy as np
 import pytest
+import torch
 from tensordict import TensorDictBase
 
 from obsdelta_cli import compress, open_dataset
@@ -23,6 +26,7 @@ from obsdelta_cli.errors import ObsdeltaError
 
 from .conftest import Cli
 from .test_cli_errors import expect_error, write
+from .writers import write_d4rl, write_ted_hdf5
 
 COMMANDS = ["compress", "report", "verify", "inflate"]
 LINK = "is a symbolic link; obsdelta reads only files inside the folder; replace it with the file"
@@ -148,3 +152,101 @@ def test_a_pipe_in_a_folder_is_refused(cli: Cli, tmp_path: Path, rows: TensorDic
     os.mkfifo(src / "notes.txt")
     says = [src / "notes.txt", "is neither a file nor a folder"]
     expect_error(cli, *command_line("compress", src, tmp_path), says=says)
+
+
+# ---------------------------------------------------------------------------------------------
+# Names obsdelta writes itself, in a user's own dataset
+
+OWN_NAMES: dict[str, Callable[[Path], Path]] = {
+    "obsdelta.meta/": lambda root: _own_folder(root / "obsdelta.meta"),
+    "obsdelta.arrays/": lambda root: _own_folder(root / "obsdelta.arrays"),
+    "storage/obsdelta.meta/": lambda root: _own_folder(root / "storage" / "obsdelta.meta"),
+    "storage/obsdelta.json": lambda root: _own_file(root / "storage" / "obsdelta.json"),
+}
+
+
+def _own_folder(path: Path) -> Path:
+    """A user's folder of notes that happens to bear one of obsdelta's names."""
+    path.mkdir()
+    (path / "notes.txt").write_text("kept by the user\n")
+    return path
+
+
+def _own_file(path: Path) -> Path:
+    path.write_text('{"note": "kept by the user"}\n')
+    return path
+
+
+@pytest.mark.parametrize(
+    ("fmt", "where"),
+    [
+        ("ted-memmap", "obsdelta.meta/"),
+        ("ted-memmap", "obsdelta.arrays/"),
+        ("torchrl-rb", "obsdelta.meta/"),
+        ("torchrl-rb", "obsdelta.arrays/"),
+        ("torchrl-rb", "storage/obsdelta.meta/"),
+        ("torchrl-rb", "storage/obsdelta.json"),
+    ],
+)
+@pytest.mark.parametrize("command", ["compress", "report"])
+def test_an_own_name_in_a_plain_folder_is_refused(
+    cli: Cli, tmp_path: Path, rows: TensorDictBase, fmt: str, where: str, command: str
+) -> None:
+    """Today the user's folder is left out of the output, with exit 0."""
+    src = _plain(fmt, rows, tmp_path)
+    own = OWN_NAMES[where](src)
+    says = [own, "is a name obsdelta writes itself"]
+    expect_error(cli, *command_line(command, src, tmp_path), says=says)
+    expect_error(cli, "compress", src, "--pack", "-o", tmp_path / "out.h5", says=says)
+
+
+def test_an_own_name_is_refused_by_open_dataset(tmp_path: Path, rows: TensorDictBase) -> None:
+    src = _plain("ted-memmap", rows, tmp_path)
+    own = _own_folder(src / "obsdelta.arrays")
+    with pytest.raises(ObsdeltaError, match="is a name obsdelta writes itself") as caught:
+        open_dataset(src)
+    assert str(own) in str(caught.value)
+
+
+def test_own_names_deeper_in_a_dump_are_the_users(
+    cli: Cli, tmp_path: Path, rows: TensorDictBase
+) -> None:
+    """Only the dump's root holds obsdelta's files: the same names below it are the user's
+    and come back, byte for byte."""
+    src = _plain("torchrl-rb", rows, tmp_path)
+    kept = [
+        _own_file(src / "writer" / "obsdelta.json"),
+        _own_folder(src / "writer" / "obsdelta.meta") / "notes.txt",
+    ]
+    small, back = tmp_path / "small", tmp_path / "back"
+    cli("compress", src, "-o", small, "--codec", "exact", "--quiet")
+    cli("verify", small, "--quiet")
+    cli("inflate", small, "-o", back, "--quiet")
+    for file in kept:
+        rel = file.relative_to(src)
+        assert (small / rel).read_bytes() == file.read_bytes(), rel
+        assert (back / rel).read_bytes() == file.read_bytes(), rel
+
+
+def _d4rl_with_own_group(td: TensorDictBase, folder: Path) -> Path:
+    src = write_d4rl(td, folder / "d4rl")
+    with h5py.File(src, "r+") as f:
+        f["obsdelta/delta/next_observations"] = np.zeros((len(td), 11), "f4")
+        f["obsdelta/notes"] = np.bytes_(b"kept by the user")
+    return src
+
+
+def _ted_h5_with_own_group(td: TensorDictBase, folder: Path) -> Path:
+    td = td.clone()
+    td["obsdelta", "score"] = torch.zeros(td.shape)
+    return write_ted_hdf5(td, folder / "ted")
+
+
+@pytest.mark.parametrize("writer", [_d4rl_with_own_group, _ted_h5_with_own_group])
+@pytest.mark.parametrize("command", ["compress", "report"])
+def test_an_own_group_in_a_plain_hdf5_file_is_refused(
+    cli: Cli, tmp_path: Path, rows: TensorDictBase, writer: Callable, command: str
+) -> None:
+    src = writer(rows, tmp_path)
+    says = [src, "object /obsdelta is a name obsdelta writes itself"]
+    expect_error(cli, *command_line(command, src, tmp_path), says=says)

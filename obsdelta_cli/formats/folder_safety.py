@@ -6,6 +6,8 @@ nowhere) is refused before anything is read through it, as HDF5 inputs refuse ex
 Entries that are neither files nor folders (pipes, sockets, devices) are refused too: reading one
 would block or never end. Its JSON metadata is read with bounds on size and nesting, checked
 before parsing (Python's parser recurses, and a deep enough file ends it with ``RecursionError``).
+A file or folder bearing a name obsdelta writes into its outputs is refused in an input that is
+not one (obsdelta would take it for its own, and leave it out of the output).
 
 >>> import json, tempfile, pathlib
 >>> f = pathlib.Path(tempfile.mkdtemp()) / "meta.json"
@@ -23,6 +25,7 @@ import json
 import os
 import re
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +94,18 @@ def refuse_links(root: Path) -> None:
                     file=path,
                     hint="obsdelta reads only files inside the folder; remove it",
                 )
+
+
+def refuse_own_names(folder: Path, names: Iterable[str], why: str) -> None:
+    """Refuse the first of ``names`` (files or folders obsdelta writes into its outputs) that
+    ``folder`` holds: obsdelta would take it for its own, and leave it out of the output."""
+    for name in sorted(names):
+        if os.path.lexists(folder / name):
+            raise InputError(
+                f"is a name obsdelta writes itself, {why}",
+                file=folder / name,
+                hint="rename it: obsdelta would leave it out of its output",
+            )
 
 
 def json_depth(raw: bytes) -> int:

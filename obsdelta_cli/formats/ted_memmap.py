@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import InputError
 from .base import (
     ARRAYS_DIR,
+    SIDECAR,
     ArrayStore,
     FolderFormat,
     Plan,
@@ -26,8 +27,11 @@ from .base import (
     read_sidecar,
     write_sidecar,
 )
-from .folder_safety import read_json, refuse_links
-from .memmap_tree import read_tree, write_tree
+from .folder_safety import read_json, refuse_links, refuse_own_names
+from .memmap_tree import OWN, read_tree, write_tree
+
+#: Why a plain folder cannot hold obsdelta's own names: it is no obsdelta output.
+NOT_OURS = f"in a dataset obsdelta did not write (it has no {SIDECAR})"
 
 
 def is_memmap_dir(path: Path) -> bool:
@@ -54,6 +58,8 @@ class TedMemmap(FolderFormat):
     def open(self, path: Path) -> Source:
         refuse_links(path)
         meta = read_sidecar(path)
+        if meta is None:
+            refuse_own_names(path, OWN, NOT_OURS)
         tree = read_tree(path)
         return Source(
             path=path,

@@ -27,9 +27,9 @@ from .base import (
     read_sidecar,
     write_sidecar,
 )
-from .folder_safety import read_json, refuse_links
+from .folder_safety import read_json, refuse_links, refuse_own_names
 from .memmap_tree import OWN, read_tree, write_tree
-from .ted_memmap import is_memmap_dir
+from .ted_memmap import NOT_OURS, is_memmap_dir
 
 STORAGE = "storage"
 STORAGE_META = "storage_metadata.json"
@@ -57,6 +57,10 @@ class TorchRLReplayBuffer(FolderFormat):
                 file=meta_file,
                 hint="the dump is damaged",
             ) from None
+        meta = read_sidecar(path)
+        if meta is None:
+            refuse_own_names(path, OWN, NOT_OURS)
+        refuse_own_names(path / STORAGE, OWN, f"in {STORAGE}/, where obsdelta never writes it")
         tree = read_tree(path / STORAGE)
         rows = tree.levels[()].fields.get("shape") or []
         if tree.batch_dims == 0 or not 0 <= length <= rows[0]:
@@ -69,14 +73,17 @@ class TorchRLReplayBuffer(FolderFormat):
             path=path,
             leaves=dict(tree.leaves),
             batch_dims=tree.batch_dims,
-            meta=read_sidecar(path),
+            meta=meta,
             valid_rows=length,
             arrays=ArrayStore(path / ARRAYS_DIR),
             handle=tree,
         )
 
     def create(self, path: Path, source: Source, plan: Plan) -> Sink:
-        ignore = shutil.ignore_patterns(STORAGE, *OWN)
+        def ignore(folder: str, names: list[str]) -> set[str]:
+            # At the root only: a file of the same name deeper in the dump is the user's.
+            return {STORAGE, *OWN} & set(names) if Path(folder) == source.path else set()
+
         shutil.copytree(source.path, path, ignore=ignore)
         restore = source.meta is not None
         own_root = source.path if restore else path
