@@ -10,6 +10,7 @@ written, the input untouched; :func:`obsdelta_cli.open_dataset` raises an ``Obsd
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Callable
@@ -250,3 +251,82 @@ def test_an_own_group_in_a_plain_hdf5_file_is_refused(
     src = writer(rows, tmp_path)
     says = [src, "object /obsdelta is a name obsdelta writes itself"]
     expect_error(cli, *command_line(command, src, tmp_path), says=says)
+
+
+# ---------------------------------------------------------------------------------------------
+# Every byte of a leaf file is one meta.json describes
+
+
+def _edit_meta(meta_file: Path, edit: Callable[[dict], object]) -> None:
+    """Rewrite a ``meta.json`` after ``edit`` changed what it holds."""
+    content = json.loads(meta_file.read_text())
+    edit(content)
+    meta_file.write_text(json.dumps(content))
+
+
+@pytest.mark.parametrize(
+    ("change", "found"), [(+4096, "holds"), (-44, "holds"), (None, "is missing")]
+)
+@pytest.mark.parametrize(
+    ("fmt", "compressed"),
+    [("ted-memmap", False), ("torchrl-rb", False), ("ted-memmap", True), ("torchrl-rb", True)],
+)
+def test_a_leaf_file_of_another_size_is_refused(
+    cli: Cli,
+    tmp_path: Path,
+    rows: TensorDictBase,
+    fmt: str,
+    compressed: bool,
+    change: int | None,
+    found: str,
+) -> None:
+    """Bytes past the leaf were left out of every output; a short or missing file is damage."""
+    src = (_compressed if compressed else _plain)(fmt, rows, tmp_path)
+    leaf = _storage(src) / "action.memmap"
+    size = leaf.stat().st_size
+    if change is None:
+        leaf.unlink()
+    elif change > 0:
+        with leaf.open("ab") as fh:
+            fh.write(os.urandom(change))
+    else:
+        os.truncate(leaf, size + change)
+    says = [leaf, "key action", f"leaf file {found}", f"where meta.json describes {size}"]
+    for command in ("compress", "report") if not compressed else ("verify", "inflate"):
+        expect_error(cli, *command_line(command, src, tmp_path), says=says)
+    if compressed:
+        with pytest.raises(ObsdeltaError, match=f"where meta.json describes {size}"):
+            open_dataset(src)
+
+
+BAD_SHAPES = {
+    "bool": ([True, 3], "leaf shape [true, 3] is not a list of sizes"),
+    "negative": ([300, -3], "leaf shape [300, -3] is not a list of sizes"),
+    "float": ([300.0, 3], "leaf shape [300.0, 3] is not a list of sizes"),
+    "string": (["300", 3], 'leaf shape ["300", 3] is not a list of sizes'),
+    "not-the-batch": ([150, 3], "leaf shape [150, 3] does not start with the batch shape [300]"),
+    "huge-but-empty": ([300, 0, 2**62, 2**62], "describes more values than a file can hold"),
+    "too-many-dims": ([300] + [1] * 40, "has more than 32 dimensions"),
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD_SHAPES))
+def test_a_leaf_shape_that_is_no_shape_is_refused(
+    cli: Cli, tmp_path: Path, rows: TensorDictBase, kind: str
+) -> None:
+    src = _plain("ted-memmap", rows, tmp_path)
+    shape, says = BAD_SHAPES[kind]
+    _edit_meta(src / "meta.json", lambda m: m["action"].update(shape=shape))
+    expect_error(cli, *command_line("compress", src, tmp_path), says=[src / "meta.json", says])
+
+
+@pytest.mark.parametrize("shape", [[True], [-300], ["300"]], ids=["bool", "negative", "string"])
+@pytest.mark.parametrize("fmt", ["ted-memmap", "torchrl-rb"])
+def test_a_batch_shape_that_is_no_shape_is_refused(
+    cli: Cli, tmp_path: Path, rows: TensorDictBase, fmt: str, shape: list
+) -> None:
+    src = _plain(fmt, rows, tmp_path)
+    meta = _storage(src) / "meta.json"
+    _edit_meta(meta, lambda m: m.update(shape=shape))
+    says = [meta, f"batch shape {json.dumps(shape)} is not a list of sizes"]
+    expect_error(cli, *command_line("report", src, tmp_path), says=says)
