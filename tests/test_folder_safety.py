@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import h5py
@@ -24,9 +24,10 @@ from tensordict import TensorDictBase
 
 from obsdelta_cli import compress, open_dataset
 from obsdelta_cli.errors import ObsdeltaError
+from obsdelta_cli.formats.torchrl_rb import STORAGE_META
 
 from .conftest import Cli
-from .test_cli_errors import expect_error, write
+from .test_cli_errors import _stderr, assert_one_error_line, expect_error, write
 from .writers import write_d4rl, write_ted_hdf5
 
 COMMANDS = ["compress", "report", "verify", "inflate"]
@@ -330,3 +331,188 @@ def test_a_batch_shape_that_is_no_shape_is_refused(
     _edit_meta(meta, lambda m: m.update(shape=shape))
     says = [meta, f"batch shape {json.dumps(shape)} is not a list of sizes"]
     expect_error(cli, *command_line("report", src, tmp_path), says=says)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile nesting and sizes are bounded
+
+
+def _deep_json(depth: int) -> str:
+    """A JSON object holding a value nested ``depth`` lists deep."""
+    return '{"shape": [300], "x": ' + "[" * depth + "]" * depth + "}"
+
+
+#: JSON files of a folder dataset, and which formats hold them.
+DEEP: dict[str, tuple[str, Callable[[Path], Path]]] = {
+    "meta.json": ("ted-memmap", lambda root: root / "meta.json"),
+    "next/meta.json": ("ted-memmap", lambda root: root / "next" / "meta.json"),
+    "storage_metadata.json": ("torchrl-rb", lambda root: root / "storage" / STORAGE_META),
+}
+
+
+@pytest.mark.parametrize("where", list(DEEP))
+@pytest.mark.parametrize("command", ["compress", "report"])
+def test_a_deeply_nested_json_file_is_refused(
+    cli: Cli, tmp_path: Path, rows: TensorDictBase, where: str, command: str
+) -> None:
+    """Python's JSON parser recurses: 100,000 brackets end it with RecursionError."""
+    fmt, find = DEEP[where]
+    src = _plain(fmt, rows, tmp_path)
+    find(src).write_text(_deep_json(100_000))
+    says = [find(src), "nests JSON 100,001 levels deep; obsdelta reads at most 32"]
+    expect_error(cli, *command_line(command, src, tmp_path), says=says)
+
+
+@pytest.mark.parametrize("fmt", ["ted-memmap", "torchrl-rb"])
+@pytest.mark.parametrize("name", ["meta.json", "obsdelta.json"])
+def test_a_deeply_nested_json_file_is_refused_by_open_dataset(
+    tmp_path: Path, rows: TensorDictBase, fmt: str, name: str
+) -> None:
+    small = _compressed(fmt, rows, tmp_path)
+    file = (_storage(small) if name == "meta.json" else small) / name
+    file.write_text(_deep_json(100_000))
+    with pytest.raises(ObsdeltaError, match="nests JSON 100,001 levels deep") as caught:
+        open_dataset(small)
+    assert str(file) in str(caught.value)
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    """Every file below ``root`` and its bytes, listed without recursion and opened relative
+    to its folder (a path 1,200 folders long costs as much to resolve)."""
+    out: dict[str, bytes] = {}
+    folders = [(os.open(root, os.O_RDONLY), "")]
+    while folders:
+        fd, rel = folders.pop()
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                name = f"{rel}/{entry.name}"
+                inner = os.open(entry.name, os.O_RDONLY, dir_fd=fd)
+                if entry.is_dir(follow_symlinks=False):
+                    folders.append((inner, name))
+                else:
+                    with os.fdopen(inner, "rb") as fh:
+                        out[name] = fh.read()
+        os.close(fd)
+    return out
+
+
+def _write_at(fd: int, name: str, data: bytes) -> None:
+    """Write the file ``name`` of the folder open as ``fd``."""
+    with os.fdopen(os.open(name, os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "wb") as fh:
+        fh.write(data)
+
+
+def _remove(root: Path) -> None:
+    """Delete ``root``, whose sub-folders may nest ``x/x/...`` deeper than ``shutil.rmtree``
+    (and pytest's cleanup of old temporary folders) recurse: each chain is emptied from its
+    bottom up, one folder open at a time."""
+    for top in (p for p in (root / "x", root / "storage" / "x") if p.is_dir()):
+        fd = os.open(top, os.O_RDONLY)
+        while True:  # down to the bottom
+            try:
+                inner = os.open("x", os.O_RDONLY, dir_fd=fd)
+            except FileNotFoundError:
+                break
+            os.close(fd)
+            fd = inner
+        while True:  # up again, deleting
+            for entry in os.scandir(fd):
+                os.unlink(entry.name, dir_fd=fd)
+            if os.path.samestat(os.fstat(fd), top.stat()):
+                break
+            parent = os.open("..", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            os.rmdir("x", dir_fd=fd)
+        os.close(fd)
+    shutil.rmtree(root)
+
+
+@pytest.fixture
+def deep(tmp_path: Path) -> Iterator[list[Path]]:
+    """Folders to delete after the test, however deep they nest."""
+    made: list[Path] = []
+    yield made
+    for folder in made:
+        if folder.exists():
+            _remove(folder)
+
+
+def _nest(folder: Path, depth: int) -> None:
+    """Sub-TensorDicts ``x/x/...`` ``depth`` deep below ``folder``, each holding a one-byte
+    per-transition leaf, as tensordict lays them out; each made relative to the one above (a
+    path 1,200 folders long costs as much to resolve)."""
+    _edit_meta(folder / "meta.json", lambda m: m.update(x={"type": "TensorDict"}))
+    batch = json.loads((folder / "meta.json").read_text())["shape"]
+    leaf = {"device": "cpu", "shape": batch, "dtype": "torch.uint8", "is_nested": False}
+    fd = os.open(folder, os.O_RDONLY)
+    for level in range(depth):
+        os.mkdir("x", dir_fd=fd)
+        inner = os.open("x", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+        meta = {"flag": leaf, "shape": batch, "device": "cpu"}
+        if level < depth - 1:
+            meta["x"] = {"type": "TensorDict"}
+        _write_at(fd, "meta.json", json.dumps(meta).encode())
+        _write_at(fd, "flag.memmap", bytes(batch[0]))
+    os.close(fd)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "command", "depth"),
+    [
+        ("ted-memmap", "compress", 1200),  # Python's own recursion ends at 1,000 frames
+        ("ted-memmap", "report", 65),
+        ("torchrl-rb", "compress", 65),
+        ("torchrl-rb", "report", 65),
+    ],
+)
+def test_sub_tensordicts_nested_too_deep_are_refused(
+    cli: Cli,
+    tmp_path: Path,
+    rows: TensorDictBase,
+    fmt: str,
+    command: str,
+    depth: int,
+    deep: list[Path],
+) -> None:
+    """The error contract checked without recursing (``expect_error`` hashes with rglob)."""
+    src = _plain(fmt, rows, tmp_path)
+    deep.append(src)
+    _nest(_storage(src), depth)
+    before = _snapshot(src)
+    result = cli(*command_line(command, src, tmp_path), code=None)
+    says = [src, "folders below it nest more than 64 levels deep"]
+    assert_one_error_line(result.exit_code, result.stdout, _stderr(result), says=says)
+    assert _snapshot(src) == before
+    assert not (tmp_path / "out").exists()
+
+
+def test_sub_tensordicts_nested_1200_deep_are_refused_by_open_dataset(
+    tmp_path: Path, rows: TensorDictBase, deep: list[Path]
+) -> None:
+    small = _compressed("ted-memmap", rows, tmp_path)
+    deep.append(small)
+    _nest(small, 1200)
+    with pytest.raises(ObsdeltaError, match="nest more than 64 levels deep"):
+        open_dataset(small)
+
+
+def test_too_many_keys_are_refused(cli: Cli, tmp_path: Path, rows: TensorDictBase) -> None:
+    src = _plain("ted-memmap", rows, tmp_path)
+    extra = {f"note{i}": {"type": "NonTensorData"} for i in range(100_001)}
+    _edit_meta(src / "meta.json", lambda m: m.update(extra))
+    says = [src / "meta.json", "name more than 100,000 keys"]
+    expect_error(cli, *command_line("report", src, tmp_path), says=says)
+
+
+def test_an_oversized_meta_json_is_refused_unread(
+    cli: Cli, tmp_path: Path, rows: TensorDictBase
+) -> None:
+    src = _plain("ted-memmap", rows, tmp_path)
+    meta = src / "meta.json"
+    with meta.open("a") as fh:  # whitespace: still the same JSON
+        fh.write(" " * (16 << 20))
+    says = [meta, f"holds {meta.stat().st_size:,} bytes; obsdelta reads such a file up to"]
+    expect_error(cli, *command_line("compress", src, tmp_path), says=says)

@@ -64,8 +64,8 @@ def refuse_links(root: Path) -> None:
         folder, depth = stack.pop()
         if depth > MAX_DEPTH:
             raise InputError(
-                f"folders nest more than {MAX_DEPTH} levels deep",
-                file=folder,
+                f"folders below it nest more than {MAX_DEPTH} levels deep",
+                file=root,
                 hint="obsdelta reads TensorDicts nested at most that deep",
             )
         try:

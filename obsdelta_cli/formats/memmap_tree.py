@@ -30,7 +30,7 @@ import numpy as np
 from ..arrays import DTYPES, dtype_name
 from ..errors import InputError
 from .base import ARRAYS_DIR, SIDECAR, Key, Plan
-from .folder_safety import read_json
+from .folder_safety import MAX_DEPTH, MAX_KEYS, read_json
 from .leaf import FileLeaf
 
 #: Folder, at the root of a compressed output, holding the original bytes of every meta.json that
@@ -183,12 +183,21 @@ def read_tree(root: Path) -> Tree:
         )
     levels: dict[Key, Level] = {}
     leaves: dict[Key, Any] = {}
+    keys = 0
 
     def walk(folder: Path, prefix: Key) -> Level:
+        nonlocal keys
         meta_file = folder / META
         raw, content = read_json(meta_file)
         if not isinstance(content, dict):
             raise _fail("meta.json is not a JSON object", meta_file)
+        keys += len(content)
+        if keys > MAX_KEYS:
+            raise _fail(
+                f"the folder's meta.json files name more than {MAX_KEYS:,} keys",
+                meta_file,
+                hint=f"obsdelta reads TensorDicts of at most {MAX_KEYS:,} keys",
+            )
         entries = {k: v for k, v in content.items() if isinstance(v, dict)}
         fields = {k: v for k, v in content.items() if not isinstance(v, dict)}
         batch = fields.get("shape")
@@ -206,6 +215,13 @@ def read_tree(root: Path) -> Tree:
                 stem = _child(folder, name, "", Path.is_dir)
                 if not (folder / stem / META).is_file():
                     raise _fail("sub-TensorDict folder has no meta.json", folder / stem, shown)
+                if len(key) > MAX_DEPTH:
+                    raise _fail(
+                        f"sub-TensorDicts nest more than {MAX_DEPTH} levels deep",
+                        folder / stem,
+                        shown,
+                        hint=f"obsdelta reads TensorDicts nested at most {MAX_DEPTH} deep",
+                    )
                 level.names[name] = stem
                 level.children[name] = walk(folder / stem, key)
                 continue
