@@ -429,7 +429,7 @@ def _remove(root: Path) -> None:
 
 
 @pytest.fixture
-def deep(tmp_path: Path) -> Iterator[list[Path]]:
+def deep() -> Iterator[list[Path]]:
     """Folders to delete after the test, however deep they nest."""
     made: list[Path] = []
     yield made

@@ -201,9 +201,9 @@ def read_tree(root: Path) -> Tree:
         entries = {k: v for k, v in content.items() if isinstance(v, dict)}
         fields = {k: v for k, v in content.items() if not isinstance(v, dict)}
         batch = fields.get("shape")
-        if "shape" not in fields:
+        if batch is None and not prefix:
             raise _fail("meta.json has no batch shape", meta_file)
-        problem = _shape_problem(batch)
+        problem = None if batch is None else _shape_problem(batch)  # a sub-level's is optional
         if problem is not None:
             raise _fail(f"meta.json's batch shape {_shown(batch)} {problem}", meta_file)
         level = Level(folder, raw, entries, fields)
