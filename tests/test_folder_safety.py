@@ -46,10 +46,6 @@ def command_line(command: str, src: Path, tmp_path: Path) -> list[str | Path]:
     return [command, src, *out]
 
 
-def _plain(fmt: str, td: TensorDictBase, tmp_path: Path) -> Path:
-    return write(fmt, td, tmp_path)
-
-
 def _compressed(fmt: str, td: TensorDictBase, tmp_path: Path) -> Path:
     src = write(fmt, td, tmp_path, name="plain")
     out = tmp_path / "small"
@@ -109,7 +105,7 @@ PLACES = [(fmt, where) for fmt in ("ted-memmap", "torchrl-rb") for where in LINK
 def test_a_link_in_a_plain_folder_is_refused(
     cli: Cli, tmp_path: Path, rows: TensorDictBase, fmt: str, command: str, where: str
 ) -> None:
-    src = _plain(fmt, rows, tmp_path)
+    src = write(fmt, rows, tmp_path)
     link = {**LINKS, **DUMP_LINKS}[where](src)
     expect_error(cli, *command_line(command, src, tmp_path), says=[link, LINK])
 
@@ -130,7 +126,7 @@ def test_a_link_in_a_compressed_folder_is_refused(
 def test_a_link_is_refused_by_pack(
     cli: Cli, tmp_path: Path, rows: TensorDictBase, fmt: str
 ) -> None:
-    src = _plain(fmt, rows, tmp_path)
+    src = write(fmt, rows, tmp_path)
     link = LINKS["leaf"](src)
     out = tmp_path / "out.h5"
     expect_error(cli, "compress", src, "--pack", "-o", out, says=[link, LINK])
@@ -150,7 +146,7 @@ def test_a_link_is_refused_by_open_dataset(
 
 def test_a_pipe_in_a_folder_is_refused(cli: Cli, tmp_path: Path, rows: TensorDictBase) -> None:
     """Reading a pipe would wait forever; copying one copies nothing."""
-    src = _plain("ted-memmap", rows, tmp_path)
+    src = write("ted-memmap", rows, tmp_path)
     os.mkfifo(src / "notes.txt")
     says = [src / "notes.txt", "is neither a file nor a folder"]
     expect_error(cli, *command_line("compress", src, tmp_path), says=says)
@@ -195,7 +191,7 @@ def test_an_own_name_in_a_plain_folder_is_refused(
     cli: Cli, tmp_path: Path, rows: TensorDictBase, fmt: str, where: str, command: str
 ) -> None:
     """Today the user's folder is left out of the output, with exit 0."""
-    src = _plain(fmt, rows, tmp_path)
+    src = write(fmt, rows, tmp_path)
     own = OWN_NAMES[where](src)
     says = [own, "is a name obsdelta writes itself"]
     expect_error(cli, *command_line(command, src, tmp_path), says=says)
@@ -203,7 +199,7 @@ def test_an_own_name_in_a_plain_folder_is_refused(
 
 
 def test_an_own_name_is_refused_by_open_dataset(tmp_path: Path, rows: TensorDictBase) -> None:
-    src = _plain("ted-memmap", rows, tmp_path)
+    src = write("ted-memmap", rows, tmp_path)
     own = _own_folder(src / "obsdelta.arrays")
     with pytest.raises(ObsdeltaError, match="is a name obsdelta writes itself") as caught:
         open_dataset(src)
@@ -215,7 +211,7 @@ def test_own_names_deeper_in_a_dump_are_the_users(
 ) -> None:
     """Only the dump's root holds obsdelta's files: the same names below it are the user's
     and come back, byte for byte."""
-    src = _plain("torchrl-rb", rows, tmp_path)
+    src = write("torchrl-rb", rows, tmp_path)
     kept = [
         _own_file(src / "writer" / "obsdelta.json"),
         _own_folder(src / "writer" / "obsdelta.meta") / "notes.txt",
@@ -282,7 +278,7 @@ def test_a_leaf_file_of_another_size_is_refused(
     found: str,
 ) -> None:
     """Bytes past the leaf were left out of every output; a short or missing file is damage."""
-    src = (_compressed if compressed else _plain)(fmt, rows, tmp_path)
+    src = (_compressed if compressed else write)(fmt, rows, tmp_path)
     leaf = _storage(src) / "action.memmap"
     size = leaf.stat().st_size
     if change is None:
@@ -315,7 +311,7 @@ BAD_SHAPES = {
 def test_a_leaf_shape_that_is_no_shape_is_refused(
     cli: Cli, tmp_path: Path, rows: TensorDictBase, kind: str
 ) -> None:
-    src = _plain("ted-memmap", rows, tmp_path)
+    src = write("ted-memmap", rows, tmp_path)
     shape, says = BAD_SHAPES[kind]
     _edit_meta(src / "meta.json", lambda m: m["action"].update(shape=shape))
     expect_error(cli, *command_line("compress", src, tmp_path), says=[src / "meta.json", says])
@@ -326,7 +322,7 @@ def test_a_leaf_shape_that_is_no_shape_is_refused(
 def test_a_batch_shape_that_is_no_shape_is_refused(
     cli: Cli, tmp_path: Path, rows: TensorDictBase, fmt: str, shape: list
 ) -> None:
-    src = _plain(fmt, rows, tmp_path)
+    src = write(fmt, rows, tmp_path)
     meta = _storage(src) / "meta.json"
     _edit_meta(meta, lambda m: m.update(shape=shape))
     says = [meta, f"batch shape {json.dumps(shape)} is not a list of sizes"]
@@ -357,7 +353,7 @@ def test_a_deeply_nested_json_file_is_refused(
 ) -> None:
     """Python's JSON parser recurses: 100,000 brackets end it with RecursionError."""
     fmt, find = DEEP[where]
-    src = _plain(fmt, rows, tmp_path)
+    src = write(fmt, rows, tmp_path)
     find(src).write_text(_deep_json(100_000))
     says = [find(src), "nests JSON 100,001 levels deep; obsdelta reads at most 32"]
     expect_error(cli, *command_line(command, src, tmp_path), says=says)
@@ -478,7 +474,7 @@ def test_sub_tensordicts_nested_too_deep_are_refused(
     deep: list[Path],
 ) -> None:
     """The error contract checked without recursing (``expect_error`` hashes with rglob)."""
-    src = _plain(fmt, rows, tmp_path)
+    src = write(fmt, rows, tmp_path)
     deep.append(src)
     _nest(_storage(src), depth)
     before = _snapshot(src)
@@ -500,7 +496,7 @@ def test_sub_tensordicts_nested_1200_deep_are_refused_by_open_dataset(
 
 
 def test_too_many_keys_are_refused(cli: Cli, tmp_path: Path, rows: TensorDictBase) -> None:
-    src = _plain("ted-memmap", rows, tmp_path)
+    src = write("ted-memmap", rows, tmp_path)
     extra = {f"note{i}": {"type": "NonTensorData"} for i in range(100_001)}
     _edit_meta(src / "meta.json", lambda m: m.update(extra))
     says = [src / "meta.json", "name more than 100,000 keys"]
@@ -510,7 +506,7 @@ def test_too_many_keys_are_refused(cli: Cli, tmp_path: Path, rows: TensorDictBas
 def test_an_oversized_meta_json_is_refused_unread(
     cli: Cli, tmp_path: Path, rows: TensorDictBase
 ) -> None:
-    src = _plain("ted-memmap", rows, tmp_path)
+    src = write("ted-memmap", rows, tmp_path)
     meta = src / "meta.json"
     with meta.open("a") as fh:  # whitespace: still the same JSON
         fh.write(" " * (16 << 20))
