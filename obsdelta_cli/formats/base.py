@@ -21,11 +21,14 @@ import numpy as np
 import xxhash
 
 from ..errors import InputError
+from .folder_safety import read_json
 
 #: File name of the metadata written beside the data in directory containers.
 SIDECAR = "obsdelta.json"
 #: Folder of the variable-length arrays (exception rows) in directory containers.
 ARRAYS_DIR = "obsdelta.arrays"
+#: Bytes of the metadata file read at most (a manifest of many keys takes a few MB).
+MAX_SIDECAR_BYTES = 256 << 20
 
 
 class ArrayStore:
@@ -354,23 +357,23 @@ def disk_size(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
     total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            total += (Path(root) / name).lstat().st_size
+    folders = [path]
+    while folders:  # not os.walk: it recurses, and a folder may nest deeper than Python does
+        with os.scandir(folders.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    folders.append(Path(entry.path))
+                else:
+                    total += entry.stat(follow_symlinks=False).st_size
     return total
 
 
 def read_sidecar(directory: Path) -> dict[str, Any] | None:
     """The metadata stored in ``directory``, or ``None`` for a plain dataset."""
     file = directory / SIDECAR
-    if not file.exists():
+    if not os.path.lexists(file):
         return None
-    try:
-        meta = json.loads(file.read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(
-            f"{SIDECAR} is unreadable ({exc})", file=file, hint="the file is damaged"
-        ) from None
+    _, meta = read_json(file, max_bytes=MAX_SIDECAR_BYTES, hint="the file is damaged")
     if not isinstance(meta, dict):
         raise InputError(f"{SIDECAR} is not a JSON object", file=file, hint="the file is damaged")
     return meta

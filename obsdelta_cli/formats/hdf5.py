@@ -207,6 +207,13 @@ class HDF5Format(Format):
         f = open_h5(path)
         try:
             meta = read_meta(f, path)
+            if meta is None and OWN in f:
+                raise InputError(
+                    f"object /{OWN} is a name obsdelta writes itself, in a file obsdelta did not "
+                    f"write (it has no {META_ATTR} attribute)",
+                    file=path,
+                    hint="rename it: obsdelta would leave it out of its output",
+                )
             unread: dict[Key, str] = {}
             leaves = leaves_of(f, path, unread)
             batch_dims = self.infer_batch_dims(leaves, meta)

@@ -174,7 +174,8 @@ class FileLeaf(LazyLeaf):
         self.shape = tuple(shape)
         self.row_bytes = math.prod(shape[1:]) * dtype.itemsize
         self._mapped: np.ndarray | None = None
-        self.fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
+        # Never through a link: a folder's files are its own (links are refused on opening).
+        self.fd = os.open(self.path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW)
         self._cold: ColdReads | None = None
 
     def read(self, start: int, stop: int) -> np.ndarray:

@@ -30,6 +30,7 @@ import numpy as np
 from ..arrays import DTYPES, dtype_name
 from ..errors import InputError
 from .base import ARRAYS_DIR, SIDECAR, Key, Plan
+from .folder_safety import MAX_DEPTH, MAX_KEYS, read_json
 from .leaf import FileLeaf
 
 #: Folder, at the root of a compressed output, holding the original bytes of every meta.json that
@@ -38,6 +39,10 @@ ORIGINAL_META_DIR = "obsdelta.meta"
 META = "meta.json"
 #: Folders and files of obsdelta's own, never copied from an input to an output.
 OWN = frozenset({SIDECAR, ARRAYS_DIR, ORIGINAL_META_DIR})
+
+#: Dimensions of a leaf, and bytes it may describe, at most (numpy's own bounds are near).
+MAX_DIMS = 32
+MAX_BYTES = 1 << 62
 
 _UNSAFE = set('/<>:"|?*\\ \0%') | {chr(i) for i in range(32)} | {chr(127)}
 
@@ -129,6 +134,45 @@ def _child(folder: Path, key: str, suffix: str, exists: Any) -> str:
     return name
 
 
+def _shape_problem(value: object, batch: list[int] | None = None) -> str | None:
+    """What is wrong with ``value`` as a shape (a leaf's, starting with ``batch``), or
+    ``None``."""
+    if not (isinstance(value, list) and all(type(d) is int and d >= 0 for d in value)):
+        return "is not a list of sizes"  # bools are ints to Python, not sizes
+    if len(value) > MAX_DIMS:
+        return f"has more than {MAX_DIMS} dimensions"
+    if math.prod(d for d in value if d) > MAX_BYTES:
+        return "describes more values than a file can hold"
+    if batch is not None and value[: len(batch)] != batch:
+        return f"does not start with the batch shape {batch}"
+    return None
+
+
+def _shown(value: object) -> str:
+    """``value`` as its JSON, cut short for a one-line message."""
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _file_leaf(file: Path, dtype: np.dtype, shape: list[int], shown: str) -> FileLeaf | np.ndarray:
+    """The leaf ``file`` holds, once its size is the one its ``meta.json`` entry describes:
+    every byte of a folder is one of a leaf, or it would not come back from an output."""
+    expected = math.prod(shape) * dtype.itemsize
+    actual = file.lstat().st_size if os.path.lexists(file) else None
+    if expected == 0 and actual is None:
+        return np.empty(shape, dtype=dtype)  # tensordict writes no file for an empty leaf
+    if actual != expected:
+        found = "is missing" if actual is None else f"holds {actual} bytes"
+        unit = " bytes" if actual is None else ""
+        if actual is not None and actual > expected:
+            hint = "the file and its meta.json disagree; restore the folder from the original"
+        else:
+            hint = "the folder is truncated or incomplete; restore it from the original"
+        message = f"leaf file {found} where meta.json describes {expected}{unit}"
+        raise _fail(message, file, shown, hint)
+    return FileLeaf(file, dtype, tuple(shape))
+
+
 def read_tree(root: Path) -> Tree:
     """Parse the memmap folder ``root`` (no tensordict, no unpickling); check leaf sizes."""
     if not (root / META).is_file():
@@ -139,18 +183,29 @@ def read_tree(root: Path) -> Tree:
         )
     levels: dict[Key, Level] = {}
     leaves: dict[Key, Any] = {}
+    keys = 0
 
     def walk(folder: Path, prefix: Key) -> Level:
+        nonlocal keys
         meta_file = folder / META
-        try:
-            raw = meta_file.read_bytes()
-            content = json.loads(raw)
-        except (OSError, ValueError) as exc:
-            raise _fail(f"meta.json is unreadable ({exc})", meta_file) from None
+        raw, content = read_json(meta_file)
         if not isinstance(content, dict):
             raise _fail("meta.json is not a JSON object", meta_file)
+        keys += len(content)
+        if keys > MAX_KEYS:
+            raise _fail(
+                f"the folder's meta.json files name more than {MAX_KEYS:,} keys",
+                meta_file,
+                hint=f"obsdelta reads TensorDicts of at most {MAX_KEYS:,} keys",
+            )
         entries = {k: v for k, v in content.items() if isinstance(v, dict)}
         fields = {k: v for k, v in content.items() if not isinstance(v, dict)}
+        batch = fields.get("shape")
+        if batch is None and not prefix:
+            raise _fail("meta.json has no batch shape", meta_file)
+        problem = None if batch is None else _shape_problem(batch)  # a sub-level's is optional
+        if problem is not None:
+            raise _fail(f"meta.json's batch shape {_shown(batch)} {problem}", meta_file)
         level = Level(folder, raw, entries, fields)
         levels[prefix] = level
         for name, entry in entries.items():
@@ -160,16 +215,24 @@ def read_tree(root: Path) -> Tree:
                 stem = _child(folder, name, "", Path.is_dir)
                 if not (folder / stem / META).is_file():
                     raise _fail("sub-TensorDict folder has no meta.json", folder / stem, shown)
+                if len(key) > MAX_DEPTH:
+                    raise _fail(
+                        f"sub-TensorDicts nest more than {MAX_DEPTH} levels deep",
+                        folder / stem,
+                        shown,
+                        hint=f"obsdelta reads TensorDicts nested at most {MAX_DEPTH} deep",
+                    )
                 level.names[name] = stem
                 level.children[name] = walk(folder / stem, key)
                 continue
             if "dtype" in entry and "shape" in entry:
                 dtype = leaf_dtype(entry["dtype"])
                 shape = entry["shape"]
-                if dtype is None or not (
-                    isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)
-                ):
-                    raise _fail(f"leaf entry is not understood: {entry}", meta_file, shown)
+                if dtype is None:
+                    raise _fail(f"leaf entry is not understood: {_shown(entry)}", meta_file, shown)
+                problem = _shape_problem(shape, batch)
+                if problem is not None:
+                    raise _fail(f"leaf shape {_shown(shape)} {problem}", meta_file, shown)
                 if entry.get("is_nested"):
                     raise _fail(
                         "nested (jagged) tensors are not supported",
@@ -178,24 +241,8 @@ def read_tree(root: Path) -> Tree:
                         hint="store the leaf as a dense tensor",
                     )
                 stem = _child(folder, name, ".memmap", Path.is_file)
-                file = folder / f"{stem}.memmap"
-                expected = math.prod(shape) * dtype.itemsize
-                actual = file.stat().st_size if file.is_file() else None
-                if expected == 0 and actual is None:
-                    # tensordict writes no file for an empty leaf
-                    level.names[name] = stem
-                    leaves[key] = np.empty(shape, dtype=dtype)
-                    continue
-                if actual is None or actual < expected:
-                    found = "is missing" if actual is None else f"holds {actual} bytes"
-                    raise _fail(
-                        f"leaf file {found} but meta.json promises {expected}",
-                        file,
-                        shown,
-                        hint="the folder is truncated or incomplete; restore it from the original",
-                    )
                 level.names[name] = stem
-                leaves[key] = FileLeaf(file, dtype, tuple(shape))
+                leaves[key] = _file_leaf(folder / f"{stem}.memmap", dtype, shape, shown)
                 continue
             stem = _child(folder, name, "", os.path.lexists)
             paths = [p for p in (folder / stem, folder / f"{stem}.memmap") if os.path.lexists(p)]
@@ -204,10 +251,7 @@ def read_tree(root: Path) -> Tree:
         return level
 
     top = walk(root, ())
-    shape = top.fields.get("shape")
-    if not isinstance(shape, list):
-        raise _fail("meta.json has no batch shape", root / META)
-    return Tree(root, levels, leaves, len(shape))
+    return Tree(root, levels, leaves, len(top.fields["shape"]))
 
 
 def _claimed(tree: Tree) -> set[Path]:

@@ -11,12 +11,14 @@ memmap (``TensorDict.load_memmap`` opens it); the obsdelta metadata is the extra
 
 from __future__ import annotations
 
-import json
+import os
 from pathlib import Path
 from typing import Any
 
+from ..errors import InputError
 from .base import (
     ARRAYS_DIR,
+    SIDECAR,
     ArrayStore,
     FolderFormat,
     Plan,
@@ -25,18 +27,23 @@ from .base import (
     read_sidecar,
     write_sidecar,
 )
-from .memmap_tree import read_tree, write_tree
+from .folder_safety import read_json, refuse_links, refuse_own_names
+from .memmap_tree import OWN, read_tree, write_tree
+
+#: Why a plain folder cannot hold obsdelta's own names: it is no obsdelta output.
+NOT_OURS = f"in a dataset obsdelta did not write (it has no {SIDECAR})"
 
 
 def is_memmap_dir(path: Path) -> bool:
-    """Whether ``path`` is a folder with a tensordict ``meta.json`` at its root."""
+    """Whether ``path`` is a folder with a tensordict ``meta.json`` at its root (a link or a
+    damaged file in its place claims to be one: opening the folder says what is wrong)."""
     meta = path / "meta.json"
-    if not (path.is_dir() and meta.is_file()):
+    if not (path.is_dir() and os.path.lexists(meta)):
         return False
     try:
-        content = json.loads(meta.read_text())
-    except (OSError, ValueError):
-        return True  # claims to be one; open() reports the damage precisely
+        _, content = read_json(meta)
+    except InputError:
+        return True
     return isinstance(content, dict) and "shape" in content
 
 
@@ -49,7 +56,10 @@ class TedMemmap(FolderFormat):
         return is_memmap_dir(path)
 
     def open(self, path: Path) -> Source:
+        refuse_links(path)
         meta = read_sidecar(path)
+        if meta is None:
+            refuse_own_names(path, OWN, NOT_OURS)
         tree = read_tree(path)
         return Source(
             path=path,

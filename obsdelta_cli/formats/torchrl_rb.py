@@ -11,7 +11,7 @@ obsdelta metadata is ``obsdelta.json``, the exception rows ``obsdelta.arrays/`` 
 
 from __future__ import annotations
 
-import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -27,8 +27,9 @@ from .base import (
     read_sidecar,
     write_sidecar,
 )
+from .folder_safety import read_json, refuse_links, refuse_own_names
 from .memmap_tree import OWN, read_tree, write_tree
-from .ted_memmap import is_memmap_dir
+from .ted_memmap import NOT_OURS, is_memmap_dir
 
 STORAGE = "storage"
 STORAGE_META = "storage_metadata.json"
@@ -40,18 +41,26 @@ class TorchRLReplayBuffer(FolderFormat):
 
     @classmethod
     def sniff(cls, path: Path) -> bool:
-        return (path / STORAGE / STORAGE_META).is_file() and is_memmap_dir(path / STORAGE)
+        storage = path / STORAGE
+        if storage.is_symlink():
+            return True  # opening the dump refuses the link
+        return os.path.lexists(storage / STORAGE_META) and is_memmap_dir(storage)
 
     def open(self, path: Path) -> Source:
+        refuse_links(path)
         meta_file = path / STORAGE / STORAGE_META
         try:
-            length = int(json.loads(meta_file.read_text())["len"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            length = int(read_json(meta_file, hint="the dump is damaged")[1]["len"])
+        except (ValueError, KeyError, TypeError) as exc:
             raise InputError(
                 f"cannot read the buffer length ({type(exc).__name__}: {exc})",
                 file=meta_file,
                 hint="the dump is damaged",
             ) from None
+        meta = read_sidecar(path)
+        if meta is None:
+            refuse_own_names(path, OWN, NOT_OURS)
+        refuse_own_names(path / STORAGE, OWN, f"in {STORAGE}/, where obsdelta never writes it")
         tree = read_tree(path / STORAGE)
         rows = tree.levels[()].fields.get("shape") or []
         if tree.batch_dims == 0 or not 0 <= length <= rows[0]:
@@ -64,15 +73,18 @@ class TorchRLReplayBuffer(FolderFormat):
             path=path,
             leaves=dict(tree.leaves),
             batch_dims=tree.batch_dims,
-            meta=read_sidecar(path),
+            meta=meta,
             valid_rows=length,
             arrays=ArrayStore(path / ARRAYS_DIR),
             handle=tree,
         )
 
     def create(self, path: Path, source: Source, plan: Plan) -> Sink:
-        ignore = shutil.ignore_patterns(STORAGE, *OWN)
-        shutil.copytree(source.path, path, ignore=ignore, symlinks=True)
+        def ignore(folder: str, names: list[str]) -> set[str]:
+            # At the root only: a file of the same name deeper in the dump is the user's.
+            return {STORAGE, *OWN} & set(names) if Path(folder) == source.path else set()
+
+        shutil.copytree(source.path, path, ignore=ignore)
         restore = source.meta is not None
         own_root = source.path if restore else path
         leaves = write_tree(source.handle, path / STORAGE, plan, own_root=own_root, restore=restore)
