@@ -150,7 +150,9 @@ class CheckedRows:
         blocks = idx // self.block
         if bool(self.checked[blocks].all()):
             return
-        for b in np.unique(blocks[~self.checked[blocks]]).tolist():
+        touched = np.zeros(self.checked.size, dtype=bool)  # no sort of every row's block
+        touched[blocks] = True
+        for b in np.flatnonzero(touched & ~self.checked).tolist():
             self._check_block(int(b))
 
     def __getitem__(self, key: Any) -> np.ndarray:
