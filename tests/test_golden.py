@@ -4,6 +4,7 @@ and training reads give the same rows; those of every format version obsdelta ha
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 from obsdelta_cli import inflate, open_dataset, verify
 from obsdelta_cli.codecs import CODECS
+from obsdelta_cli.errors import ObsdeltaError
 from obsdelta_cli.manifest import FORMAT_VERSION
 
 from .golden_data import FORMATS, NEW_CODECS, leaf_hashes, version_dir
@@ -59,3 +61,29 @@ def test_golden_fixture_reads_as_it_inflates(version: int, name: str, tmp_path: 
 
 def _bytes(values: torch.Tensor) -> bytes:
     return values.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+@pytest.mark.parametrize(
+    ("name", "leaf"),
+    [
+        ("ted-memmap-exact", "observation.memmap"),
+        ("ted-memmap-fp16", "next/delta/observation.memmap"),
+        ("torchrl-rb-fp16", "storage/action.memmap"),
+    ],
+)
+def test_a_damaged_format_2_leaf_is_an_error_on_its_first_read(
+    name: str, leaf: str, tmp_path: Path
+) -> None:
+    """Format 2 recorded one hash per leaf: the first read of any of its rows checks it whole."""
+    copy = tmp_path / name
+    shutil.copytree(version_dir(2) / name, copy)
+    path = copy / leaf
+    data = bytearray(path.read_bytes())
+    data[len(data) // 4] ^= 0x04
+    path.write_bytes(bytes(data))
+    dataset = open_dataset(copy)
+    try:
+        with pytest.raises(ObsdeltaError, match="do not match their checksum"):
+            dataset[torch.arange(len(dataset))]
+    finally:
+        dataset.close()
