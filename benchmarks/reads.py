@@ -13,6 +13,14 @@ Prints one JSON object:
   without repeats: the sorted, de-duplicated batch).
 - ``storage``: the same batches through ``ObsdeltaStorage(COMPRESSED).get(idx)``, what a
   TorchRL replay buffer's ``sample`` calls (when torchrl is installed).
+- Reads of a compressed file are checked: each block of a leaf the first time the process
+  reads it (see ``obsdelta_cli.blocks``). The figures above are of warm checks (every block
+  was read before they are timed). ``checked_epochs_seconds`` (``open_dataset``) and
+  ``storage_epochs_seconds``: seconds of one epoch (every row once, in random batches of 256,
+  up to ``EPOCH_BATCHES`` batches) through a reader opened for it, whose first read of each
+  block checks it, then of the same epoch again through the same reader;
+  ``plain_epoch_seconds``: the epoch through the plain reader. ``whole_seconds``: seconds of
+  ``data[0:len(data)]`` through a new ``open_dataset`` (every block checked), then again.
 - ``bc``: seconds of a behaviour-cloning loop (MLP 11-256-256-3, Adam, mean squared error on
   the action, batches of 256, ``--bc-steps`` steps) fed by each reader, after 20 untimed steps
   of each. The two loops run side by side, each with its own model: ``--bc-block`` steps of
@@ -38,6 +46,8 @@ import numpy as np
 import torch
 
 BATCH = 256
+#: Batches of an epoch timed at most (sorted h5py reads of a whole 2 GB D4RL file take minutes).
+EPOCH_BATCHES = 1024
 Reader = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -156,6 +166,39 @@ def bc_side_by_side(
     return loops[0].seconds, loops[1].seconds
 
 
+def epoch_seconds(read: Reader, epoch: list[torch.Tensor]) -> float:
+    start = time.perf_counter()
+    for idx in epoch:
+        read(idx)
+    return time.perf_counter() - start
+
+
+def first_reads(
+    path: Path, plain: Reader, rows: int, storage: bool
+) -> dict[str, float | list[float]]:
+    """Seconds of the first, checked reads of the compressed file (see the module)."""
+    import tensordict  # noqa: F401 - imported on a dataset's first read: not a read's cost
+
+    from obsdelta_cli import open_dataset
+
+    order = torch.randperm(rows, generator=torch.Generator().manual_seed(1))
+    epoch = list(order.split(BATCH))[:EPOCH_BATCHES]
+    out: dict[str, float | list[float]] = {"plain_epoch_seconds": epoch_seconds(plain, epoch)}
+    _, fresh = compressed(path)
+    out["checked_epochs_seconds"] = [epoch_seconds(fresh, epoch) for _ in range(2)]
+    made = torchrl_storage(path) if storage else None
+    if made is not None:
+        out["storage_epochs_seconds"] = [epoch_seconds(made[1], epoch) for _ in range(2)]
+    data = open_dataset(path)
+    whole = []
+    for _ in range(2):
+        start = time.perf_counter()
+        data[0 : len(data)]
+        whole.append(time.perf_counter() - start)
+    out["whole_seconds"] = whole
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("layout", choices=["ted", "d4rl"])
@@ -197,6 +240,7 @@ def main() -> None:
     storage = torchrl_storage(args.packed)
     if storage is not None:
         result["storage_rows_per_s"] = rows_per_second(storage[1], batches)
+    result.update(first_reads(args.packed, plain, plain_rows, storage is not None))
     print(json.dumps(result))
 
 

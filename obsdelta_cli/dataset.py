@@ -36,6 +36,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .arrays import from_torch, is_tensor, to_torch
+from .blocks import check_exceptions, checked_stream
 from .commands.common import manifest_of, open_input, stream_for
 from .formats import Key, Source
 from .formats.leaf import as_rows, is_data
@@ -86,6 +87,10 @@ class ObsdeltaDataset(Dataset):
         stored = stored_pairs(source, manifest) if manifest is not None else []
         time_dim = manifest.time_dim if manifest is not None else source.batch_dims - 1
         self._stream = stream_for(source, time_dim, 64)
+        self._manifest = manifest
+        if manifest is not None:
+            # Each block of a leaf is checked the first time this process reads it.
+            self._stream = checked_stream(source, manifest, self._stream)
         # A packed file is read as the container it was packed from.
         layout = manifest.source_container if manifest and manifest.source_container else None
         #: A TorchRL replay-buffer dump's preallocated rows (``len(self)`` of them are data).
@@ -126,6 +131,9 @@ class ObsdeltaDataset(Dataset):
         dims = self._source.batch_dims
         batch = _batch_shape(keys, leaves, rebuilt, dims)
         rebuilds = {k: rebuilt[k].rebuild(self._source, self._stream) for k in keys if k in rebuilt}
+        algorithm = self._manifest.hash_algorithm if self._manifest is not None else ""
+        for k, r in rebuilds.items():
+            check_exceptions(r.exceptions, rebuilt[k].record, algorithm, self.path)
         # The observations of a rebuilt pair are read through its rebuild, which gathers the
         # rows of a batch once for both keys.
         observations = {rebuilt[k].pair.obs_key: r for k, r in rebuilds.items()}

@@ -74,6 +74,11 @@ class FormatVersionError(InputError):
     """A compressed file written by a newer, unknown obsdelta format version."""
 
 
+class DamagedError(InputError):
+    """Stored values do not match the checksum recorded for them: the file was damaged after
+    it was written."""
+
+
 _ERRNO = re.compile(r"errno = (\d+)")
 _MESSAGE = re.compile(r"error message = '([^']*)'")
 _TEMPORARY = ".obsdelta-tmp-"

@@ -2,7 +2,12 @@
 sample of chunks, and the encoder that compresses chunks on a pool of threads.
 
 Every candidate is a filter pipeline that plain ``h5py`` reads once ``hdf5plugin`` is imported:
-HDF5's own byte shuffle (optional) then hdf5plugin's Zstd filter, whose chunk is one zstd frame.
+HDF5's own byte shuffle (optional), hdf5plugin's Zstd filter, whose chunk is one zstd frame,
+then HDF5's Fletcher-32 checksum. Each frame carries zstd's content checksum too, but
+hdf5plugin's Zstd filter ignores zstd's errors (a damaged frame decodes to wrong values
+without one): the Fletcher-32 of the stored bytes, which every HDF5 reader checks before it
+decodes a chunk, is what makes plain ``h5py`` fail on a damaged chunk. obsdelta's own reader
+(:mod:`~obsdelta_cli.formats.hdf5_chunks`) checks both.
 Chunks are encoded here, in exactly those bytes, by ``zstandard`` (which releases the
 interpreter lock, so both cores compress), and written as they are with
 ``write_direct_chunk``: HDF5 itself filters nothing, and a chunk's size is known before it is
@@ -92,10 +97,13 @@ def _compressor(level: int, hash_log: int | None = None) -> Any:
         cache = _local.compressors = {}
     if (level, hash_log) not in cache:
         zstandard = _zstandard()
+        # Every frame ends with its content checksum (4 bytes), which zstd decoders check.
         if hash_log is None:
-            made = zstandard.ZstdCompressor(level=level)
+            made = zstandard.ZstdCompressor(level=level, write_checksum=True)
         else:
-            params = zstandard.ZstdCompressionParameters.from_level(level, hash_log=hash_log)
+            params = zstandard.ZstdCompressionParameters.from_level(
+                level, hash_log=hash_log, write_checksum=1
+            )
             made = zstandard.ZstdCompressor(compression_params=params)
         cache[level, hash_log] = made
     return cache[level, hash_log]
@@ -118,13 +126,19 @@ class Filter:
     hash_log: int | None = None
 
     def kwargs(self) -> dict[str, Any]:
-        """``h5py`` ``create_dataset`` keywords for the pipeline (shuffle runs first)."""
-        return dict(shuffle=self.shuffle, **plugins().Zstd(clevel=self.level))
+        """``h5py`` ``create_dataset`` keywords for the pipeline (shuffle runs first, the
+        Fletcher-32 checksum last)."""
+        return dict(shuffle=self.shuffle, fletcher32=True, **plugins().Zstd(clevel=self.level))
 
     def encode(self, rows: np.ndarray, per_chunk: int) -> bytes:
         """One stored chunk from its ``rows`` (at most ``per_chunk``, C-contiguous, of the
-        dataset's dtype): the bytes the HDF5 pipeline would store. An edge chunk is padded
-        with zeros to the full chunk, as HDF5 stores it."""
+        dataset's dtype): the bytes the HDF5 pipeline would store, checksum included. An
+        edge chunk is padded with zeros to the full chunk, as HDF5 stores it."""
+        frame = self._frame(rows, per_chunk)
+        return frame + fletcher32(frame).to_bytes(4, "little")
+
+    def _frame(self, rows: np.ndarray, per_chunk: int) -> bytes:
+        """The zstd frame of a chunk (after the shuffle, before the checksum)."""
         if self.transform == FRAME_DELTA:
             rows = frame_delta(rows)
         if len(rows) < per_chunk:
@@ -180,6 +194,53 @@ def hdf5_library() -> Any:
         except (OSError, AttributeError):
             continue
     return None
+
+
+#: Words of one block of the pure numpy Fletcher-32 (products and sums stay exact in float64).
+_WORDS = 1 << 16
+_WEIGHTS = np.arange(_WORDS, dtype=np.float64)
+
+
+@functools.cache
+def _hdf5_fletcher32() -> Any:
+    """HDF5's own ``H5_checksum_fletcher32`` (called without the interpreter lock), ``None``
+    where the library h5py runs on does not export it."""
+    lib = hdf5_library()
+    try:
+        fn = lib.H5_checksum_fletcher32 if lib is not None else None
+    except AttributeError:
+        return None
+    if fn is not None:
+        fn.restype, fn.argtypes = ctypes.c_uint32, [ctypes.c_void_p, ctypes.c_size_t]
+    return fn
+
+
+def fletcher32(data: bytes | memoryview) -> int:
+    """HDF5's Fletcher-32 of ``data`` (its ``fletcher32`` filter stores it, little-endian,
+    after a chunk's filtered bytes, and every HDF5 reader checks it before decoding).
+
+    >>> hex(fletcher32(b"abcde"))
+    '0x4ff029c7'
+    """
+    raw = np.frombuffer(data, dtype=np.uint8)
+    fn = _hdf5_fletcher32()
+    if fn is not None:
+        return int(fn(raw.ctypes.data, raw.size))
+    # HDF5's sums of big-endian 16-bit words (an odd last byte is the high byte of one),
+    # reduced mod 65535 with a nonzero sum never reduced to 0.
+    n = (raw.size + 1) // 2
+    blocks = -(-n // _WORDS)
+    padded = np.zeros(blocks * _WORDS * 2, dtype=np.uint8)
+    padded[: raw.size] = raw
+    words = padded.view(">u2").reshape(blocks, _WORDS).astype(np.float64)
+    sums, weighted = words.sum(axis=1), words @ _WEIGHTS
+    sum1 = int(sums.sum())
+    sum2 = sum((n - b * _WORDS) * int(sums[b]) - int(weighted[b]) for b in range(blocks))
+    return (_reduced(sum2) << 16) | _reduced(sum1)
+
+
+def _reduced(total: int) -> int:
+    return 0 if total == 0 else (total - 1) % 65535 + 1
 
 
 def minimal_headers(f: h5py.File) -> None:

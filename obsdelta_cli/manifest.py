@@ -20,7 +20,7 @@ True
 ...     parse({**m.to_json(), "obsdelta_format": 9}, file="x")
 ... except InputError as exc:
 ...     print(exc.message)
-written with obsdelta format 9; this obsdelta reads up to 2
+written with obsdelta format 9; this obsdelta reads up to 3
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ from . import __version__
 from .errors import FormatVersionError, InputError
 
 #: Version of the stored layout; bumped on any incompatible change. 2: typed manifest, lossless
-#: flag and bound per key, xxh3 hashes, container description, block size reserved.
-FORMAT_VERSION = 2
+#: flag and bound per key, xxh3 hashes, container description, block size reserved. 3: every
+#: stored leaf hashed in blocks (``blocks``, ``hash.block_bytes``), packed chunks checksummed.
+FORMAT_VERSION = 3
 #: Hash of format 2 files; format 1 files used CRC-32.
 HASH_ALGORITHM = "xxh3-64"
 HASH_ALGORITHMS = ("crc32", HASH_ALGORITHM)
@@ -162,6 +163,11 @@ class Manifest:
     hash_algorithm: str = HASH_ALGORITHM
     #: Rows per hashed block (0: one hash over the whole leaf). Reserved for block hashes.
     hash_block_rows: int = 0
+    #: Bytes of values a hashed block holds at most (format 3; 0: no block hashes).
+    hash_block_bytes: int = 0
+    #: Block digests of every stored leaf, end to end, by slash-joined key (format 3; see
+    #: :mod:`obsdelta_cli.blocks`).
+    blocks: dict[str, str] = field(default_factory=dict)
     #: The container the dataset came in, where it differs from ``container`` (packed files).
     source_container: str | None = None
     #: Bytes on disk of the dataset that was compressed.
@@ -196,6 +202,13 @@ class Manifest:
                 return name, recorded, seen
         return None
 
+    def _hashing(self) -> dict[str, Any]:
+        hashing: dict[str, Any] = {"algorithm": self.hash_algorithm}
+        hashing["block_rows"] = self.hash_block_rows
+        if self.version >= 3:
+            hashing["block_bytes"] = self.hash_block_bytes
+        return hashing
+
     def to_json(self) -> dict[str, Any]:
         body = self._body()
         return {**body, "manifest_hash": content_hash(body)}
@@ -212,8 +225,9 @@ class Manifest:
             "valid_rows": self.valid_rows,
             "leaf_order": [list(k) for k in self.leaf_order],
             "options": self.options,
-            "hash": {"algorithm": self.hash_algorithm, "block_rows": self.hash_block_rows},
+            "hash": self._hashing(),
             "checksums": self.checksums,
+            **({"blocks": self.blocks} if self.version >= 3 else {}),
             "objects": self.objects,
             "keys": [k.to_json() for k in self.keys],
             **self.extra,
@@ -346,6 +360,13 @@ def parse(data: Any, *, file: str | Path | None = None) -> Manifest:
         if algorithm not in HASH_ALGORITHMS:
             hashing.fail("hash.algorithm", f"is unknown ({algorithm!r})")
         block_rows = hashing.count("block_rows")
+    block_bytes, blocks = 0, {}
+    if version >= 3:
+        block_bytes = _Fields(top.get("hash", dict), "hash", file).count("block_bytes", low=1)
+        blocks = top.get("blocks", dict)
+        for name, text in blocks.items():
+            if not (isinstance(text, str) and len(text) % 16 == 0 and _is_hex(text)):
+                top.fail(f"blocks.{name}", "is not a list of block digests")
     records = top.get("keys", list)
     keys = tuple(_key_record(r, f"keys[{i}]", file, version) for i, r in enumerate(records))
     known = {
@@ -361,6 +382,7 @@ def parse(data: Any, *, file: str | Path | None = None) -> Manifest:
         "options",
         "hash",
         "checksums",
+        "blocks",
         "objects",
         "keys",
         "manifest_hash",
@@ -377,6 +399,8 @@ def parse(data: Any, *, file: str | Path | None = None) -> Manifest:
         objects=top.hexes("objects"),
         hash_algorithm=algorithm,
         hash_block_rows=block_rows,
+        hash_block_bytes=block_bytes,
+        blocks=dict(blocks),
         source_container=top.get("source_format", str, optional=True),
         source_bytes=top.count("source_bytes", optional=True),
         extra={k: v for k, v in top.data.items() if k not in known},

@@ -1,8 +1,11 @@
 """Golden fixtures: small compressed datasets, one per format and codec, committed under
 ``tests/golden/`` with the SHA-256 of every leaf their inflated form must have. Later versions of
-obsdelta must still inflate them to exactly these bytes.
+obsdelta must still inflate them to exactly these bytes. Those of format 2 are ``tests/golden/*``;
+each later format's are in ``tests/golden/v<N>/`` (one per format, for the codecs of
+:data:`NEW_CODECS`).
 
-Regenerate (only when the stored format changes on purpose, with a new format version)::
+Write the current format's (only when the stored format changes on purpose, with a new format
+version; the fixtures of earlier formats stay as they are)::
 
     python -m tests.golden_data
 """
@@ -21,12 +24,20 @@ from tensordict import TensorDict, TensorDictBase
 from obsdelta_cli import compress, inflate
 from obsdelta_cli.formats import detect, key_str
 from obsdelta_cli.formats.leaf import as_rows, is_data
+from obsdelta_cli.manifest import FORMAT_VERSION
 
 from .writers import WRITERS
 
 GOLDEN = Path(__file__).parent / "golden"
 FORMATS = ["ted-memmap", "ted-pt", "torchrl-rb", "d4rl-hdf5", "robomimic-hdf5", "ted-hdf5"]
 CODECS = {"exact": None, "fp16": None, "bf16": None, "fp32": None, "q16": 1e-3, "q8": 1e-2}
+#: Codecs of the fixtures of formats after 2: the lossless one and a delta codec.
+NEW_CODECS = ("exact", "fp16")
+
+
+def version_dir(version: int) -> Path:
+    """Where the fixtures of format ``version`` are."""
+    return GOLDEN if version == 2 else GOLDEN / f"v{version}"
 
 
 def leaf_hashes(path: Path) -> dict[str, str]:
@@ -54,24 +65,28 @@ def sample() -> TensorDictBase:
 
 
 def main() -> None:
-    if GOLDEN.exists():
-        shutil.rmtree(GOLDEN)
-    GOLDEN.mkdir()
+    """Write the fixtures of the current format (see the module)."""
+    target = version_dir(FORMAT_VERSION)
+    if target == GOLDEN:
+        raise SystemExit("format 2 fixtures are kept as they were made")
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
     expected: dict[str, dict[str, object]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for fmt in FORMATS:
             src = WRITERS[fmt](sample(), Path(tmp) / fmt)
             original = leaf_hashes(src)
-            for codec, bound in CODECS.items():
+            for codec in NEW_CODECS:
                 name = f"{fmt}-{codec}{src.suffix}"
-                compress(src, GOLDEN / name, codec=codec, max_abs_error=bound)
+                compress(src, target / name, codec=codec, max_abs_error=CODECS[codec])
                 back = Path(tmp) / f"back-{name}"
-                inflate(GOLDEN / name, back)
+                inflate(target / name, back)
                 inflated = leaf_hashes(back)
                 if codec == "exact":
                     assert inflated == original, name
                 expected[name] = {"codec": codec, "format": fmt, "inflated": inflated}
-    (GOLDEN / "expected.json").write_text(json.dumps(expected, indent=1, sort_keys=True) + "\n")
+    (target / "expected.json").write_text(json.dumps(expected, indent=1, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,11 @@ PIPELINES: dict[str, dict[str, Any]] = {
     "zstd": dict(hdf5plugin.Zstd(clevel=3)),
     "shuffle-zstd": {"shuffle": True, **hdf5plugin.Zstd(clevel=1)},
 }
+#: Pipelines ending with HDF5's Fletcher-32 checksum (a packed file's), checked as read.
+CHECKED: dict[str, dict[str, Any]] = {
+    "gzip-fletcher32": {"compression": "gzip", "fletcher32": True},
+    "shuffle-zstd-fletcher32": {"shuffle": True, "fletcher32": True, **hdf5plugin.Zstd(clevel=1)},
+}
 #: Chunk shapes, as a function of the values' shape: whole rows, part rows, tiny chunks.
 CHUNKS: dict[str, Callable[[tuple[int, ...]], tuple[int, ...]]] = {
     "rows": lambda shape: (97, *shape[1:]),
@@ -69,7 +74,7 @@ def _ranges(n: int, per: int) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize("chunking", list(CHUNKS))
-@pytest.mark.parametrize("pipeline", list(PIPELINES))
+@pytest.mark.parametrize("pipeline", [*PIPELINES, *CHECKED])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rows_are_what_hdf5_reads(
     tmp_path: Path,
@@ -82,7 +87,7 @@ def test_rows_are_what_hdf5_reads(
     values = _values(dtype, hopper, pong)
     chunks = CHUNKS[chunking](values.shape)
     path = tmp_path / "v.h5"
-    ds = _file(path, values, chunks=chunks, **PIPELINES[pipeline])
+    ds = _file(path, values, chunks=chunks, **{**PIPELINES, **CHECKED}[pipeline])
     direct = _direct(ds, path)
     for start, stop in _ranges(len(values), chunks[0]):
         rows = direct.rows(start, stop)
@@ -185,11 +190,10 @@ def test_edge_chunks_are_read_as_stored(
     [
         {},  # contiguous
         {"chunks": (10, 11)},  # unfiltered: HDF5 copies as fast
-        {"chunks": (10, 11), "fletcher32": True, "compression": "gzip"},
         {"chunks": (10, 11), "scaleoffset": 2},
         {"chunks": (10, 11), "compression": "lzf"},
     ],
-    ids=["contiguous", "unfiltered", "fletcher32", "scaleoffset", "lzf"],
+    ids=["contiguous", "unfiltered", "scaleoffset", "lzf"],
 )
 def test_what_is_not_taken_is_left_to_hdf5(
     tmp_path: Path, hopper: TensorDictBase, kwargs: dict[str, Any]
@@ -238,6 +242,34 @@ def test_a_damaged_chunk_is_one_error_naming_the_dataset(
         with pytest.raises(InputError, match=r"chunk at \[100, 0\].*does not decode") as err:
             leaf.read(0, 400)
         assert err.value.key == "v" and "damaged" in (err.value.hint or "")
+
+
+def _flip_in_chunk(path: Path, ds: h5py.Dataset, index: int, at: float) -> None:
+    """Flip one bit of chunk ``index``'s stored bytes, ``at`` of the way in."""
+    info = ds.id.get_chunk_info(index)
+    ds.file.close()
+    with open(path, "r+b") as fh:
+        fh.seek(info.byte_offset + int(at * (info.size - 1)))
+        byte = fh.read(1)[0]
+        fh.seek(-1, 1)
+        fh.write(bytes([byte ^ 0x10]))
+
+
+@pytest.mark.parametrize("at", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("pipeline", list(CHECKED))
+def test_one_flipped_bit_fails_its_checksum_here_and_in_hdf5(
+    tmp_path: Path, hopper: TensorDictBase, pipeline: str, at: float
+) -> None:
+    values = hopper["observation"].numpy()[:400]
+    path = tmp_path / "v.h5"
+    _flip_in_chunk(path, _file(path, values, chunks=(50, 11), **CHECKED[pipeline]), 2, at)
+    with h5py.File(path, "r") as f:
+        leaf = leaves_of(f, path)[("v",)]
+        with pytest.raises(InputError, match=r"chunk at \[100, 0\].*checksum does not match"):
+            leaf.read(0, 400)
+        with pytest.raises(OSError, match="filter returned failure"):
+            f["v"][100:150]
+        np.testing.assert_array_equal(leaf.read(150, 400), values[150:])
 
 
 def test_small_chunks_are_left_to_hdf5(

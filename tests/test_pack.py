@@ -135,7 +135,7 @@ def test_packed_manifest_records_the_source_container(source: Path, tmp_path: Pa
     opened = fmt.open(tmp_path / "p.h5")
     try:
         meta = opened.meta or {}
-        assert meta["obsdelta_format"] == FORMAT_VERSION == 2
+        assert meta["obsdelta_format"] == FORMAT_VERSION == 3
         assert meta["format"] == NAME
         assert meta["source_format"] == detect(source).name
         assert meta["pack"]["datasets"]  # every large dataset got a measured filter

@@ -21,11 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from ..blocks import BLOCK_BYTES, leaf_digests
 from ..checksum import Hasher
 from ..codecs import AUTO, DEFAULT_CODEC, Codec, make_codec
 from ..errors import DataError, InputError, UsageError
 from ..formats import Format, Key, LeafSpec, Pair, Plan, Sink, Source, detect, disk_size, key_str
 from ..formats.base import NOTHING_HINT
+from ..formats.leaf import is_data
 from ..manifest import HASH_ALGORITHM, ArrayNames, Error, KeyRecord, Manifest
 from ..report import Candidate, DatasetResult, KeyResult
 from ..selection import KeyGroup, candidates, check_time_dim, dtype_name, pairs_of
@@ -409,6 +411,11 @@ def _writer(
             for key, c, cands in plans:
                 encode_key(key, c, cands)
         checksums = {**copied, **checksums}  # in the order of the leaves, as listed
+        # Every stored leaf hashed in blocks, as written: those kept unchanged from the input.
+        stored = {key_str(k): sink.leaves[k] if k in new else source.leaves[k] for k in order}
+        blocks = leaf_digests(
+            {k: v for k, v in stored.items() if is_data(v)}, source.batch_dims, BLOCK_BYTES
+        )
         # Objects the container copies whole (HDF5) or keeps beside the leaves (folders),
         # hashed as the output has them.
         deltas = {key_str(k) for k in new}
@@ -425,6 +432,8 @@ def _writer(
             options=options,
             checksums=checksums,
             objects=objects,
+            hash_block_bytes=BLOCK_BYTES,
+            blocks=blocks,
             source_bytes=disk_size(source.path),
             extra=sink.extra,
         )

@@ -1,0 +1,234 @@
+"""Block checksums: every stored leaf hashed in fixed blocks of rows at compress time, and
+checked by the training readers the first time a process reads a block.
+
+A block is a power of two of a leaf's flat rows (``[rows, *features]``), about
+:data:`BLOCK_BYTES` of values, so its rows depend only on the leaf's shape and dtype, never on
+``--chunk-mb`` or ``--jobs``. Its checksum is the xxh3-64 of the values' bytes (C order), as
+any reader of the container gets them: a memmap file's bytes, an HDF5 dataset's decoded values.
+The manifest keeps one string per leaf, the blocks' digests end to end (16 hex digits each).
+
+>>> import numpy as np
+>>> rows = np.arange(10, dtype=np.int64).reshape(5, 2)
+>>> block_rows(rows.shape, rows.dtype, 32)
+2
+>>> checked = CheckedRows(rows, digests(rows, 2), 2, file="f", key="k")
+>>> checked[np.array([4, 0])].tolist(), int(checked.checked.sum())
+([[8, 9], [0, 1]], 2)
+>>> rows[2, 0] = 7  # damage in a block not read yet
+>>> try:
+...     checked[2:3]
+... except DamagedError as exc:
+...     print(exc)
+f: key k: rows 2-3 do not match their checksum; the file is damaged; restore it or compress again
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from .checksum import Hasher
+from .errors import DamagedError
+from .formats import Source, key_str
+from .formats.leaf import as_rows, is_data
+from .manifest import KeyRecord, Manifest
+from .rebuild import Exceptions, take
+from .stream import Stream, ahead
+
+#: Bytes of values a block holds at most (one row at least).
+BLOCK_BYTES = 1 << 20
+#: Bytes read at a time while a leaf is hashed at compress time (whole blocks).
+READ_BYTES = 8 << 20
+#: Hex digits of one block's digest.
+DIGEST = 16
+
+
+def block_rows(shape: Sequence[int], dtype: np.dtype, block_bytes: int = BLOCK_BYTES) -> int:
+    """Rows of a block of flat rows ``shape`` (``[rows, *features]``) of ``dtype``: the largest
+    power of two whose values fit in ``block_bytes``, at least 1."""
+    row = max(1, math.prod(shape[1:]) * np.dtype(dtype).itemsize)
+    return 1 << max(0, (block_bytes // row).bit_length() - 1)
+
+
+def _digest(values: np.ndarray) -> str:
+    raw = np.ascontiguousarray(values).reshape(-1).view(np.uint8)
+    return xxhash.xxh3_64_hexdigest(raw.data)
+
+
+def digests(rows: Any, block: int) -> str:
+    """The digests of flat ``rows`` (an array or lazy rows), block after block, end to end."""
+    total = rows.shape[0]
+    row = max(1, math.prod(rows.shape[1:]) * np.dtype(rows.dtype).itemsize)
+    step = block * max(1, READ_BYTES // (block * row))
+    spans = [slice(a, min(total, a + step)) for a in range(0, total, step)]
+    out: list[str] = []
+    for _, chunk in ahead(spans, rows.__getitem__):
+        out.extend(_digest(chunk[at : at + block]) for at in range(0, len(chunk), block))
+    return "".join(out)
+
+
+def leaf_digests(leaves: Mapping[str, Any], batch_dims: int, block_bytes: int) -> dict[str, str]:
+    """The block digests of every leaf (flat over ``batch_dims``), by name."""
+    out = {}
+    for name, leaf in leaves.items():
+        rows = as_rows(leaf, batch_dims)
+        out[name] = digests(rows, block_rows(rows.shape, rows.dtype, block_bytes))
+    return out
+
+
+class CheckedRows:
+    """Flat rows whose blocks are checked against their digests the first time they are read
+    (a bitmap of checked blocks; reads of checked blocks cost one lookup). ``digests``: the
+    blocks' digests end to end, or, with ``algorithm``, the one hash of the whole leaf
+    (format 2 files: the first read of any row checks them all)."""
+
+    def __init__(
+        self,
+        rows: Any,
+        digests: str,
+        block: int,
+        *,
+        file: str | Path,
+        key: str,
+        algorithm: str | None = None,
+    ) -> None:
+        self.rows, self.shape, self.dtype = rows, tuple(rows.shape), rows.dtype
+        self.block, self.file, self.key, self.algorithm = block, file, key, algorithm
+        self._digests = digests
+        count = -(-self.shape[0] // block) if block else 0
+        self.checked = np.zeros(count, dtype=bool)
+        self._all = count == 0
+        if algorithm is None and len(digests) != count * DIGEST:
+            # The manifest lists another number of blocks than the rows hold.
+            self._fail(0, count)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def _fail(self, first: int, last: int) -> None:
+        high = min(self.shape[0], last * self.block) - 1
+        raise DamagedError(
+            f"rows {first * self.block}-{max(high, first * self.block)} do not match their "
+            "checksum; the file is damaged",
+            file=self.file,
+            key=self.key,
+            hint="restore it or compress again",
+        )
+
+    def _check_block(self, b: int) -> None:
+        values = self.rows[b * self.block : (b + 1) * self.block]
+        if self.algorithm is not None:  # one hash of the whole leaf
+            hasher = Hasher(self.algorithm)
+            hasher.update(np.ascontiguousarray(values))
+            found, expected = hasher.hex, self._digests
+        else:
+            found, expected = _digest(values), self._digests[b * DIGEST : (b + 1) * DIGEST]
+        if found != expected:
+            self._fail(b, b + 1)
+        self.checked[b] = True
+        self._all = bool(self.checked.all())
+
+    def check(self, first: int, stop: int) -> None:
+        """Check the blocks of rows ``first:stop`` not checked yet."""
+        if self._all or stop <= first:
+            return
+        for b in range(first // self.block, -(-stop // self.block)):
+            if not self.checked[b]:
+                self._check_block(b)
+
+    def check_rows(self, idx: np.ndarray) -> None:
+        """Check the blocks of rows ``idx`` (any order, in range) not checked yet."""
+        if self._all or not idx.size:
+            return
+        blocks = idx // self.block
+        if bool(self.checked[blocks].all()):
+            return
+        touched = np.zeros(self.checked.size, dtype=bool)  # no sort of every row's block
+        touched[blocks] = True
+        for b in np.flatnonzero(touched & ~self.checked).tolist():
+            self._check_block(int(b))
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        if isinstance(key, slice):
+            start, stop, _ = key.indices(self.shape[0])
+            self.check(start, stop)
+            return np.asarray(self.rows[key])
+        idx = np.asarray(key)
+        self.check_rows(idx.reshape(-1))
+        return take(self.rows, idx)
+
+
+@dataclass(frozen=True)
+class CheckedStream(Stream):
+    """A :class:`~obsdelta_cli.stream.Stream` whose flat leaves are :class:`CheckedRows`
+    where the manifest holds checksums for them (by the leaf's identity); each leaf is
+    wrapped once, so its readers share which blocks are checked."""
+
+    checks: dict[int, tuple[Any, CheckedRows]] = field(default_factory=dict)
+
+    def flat(self, leaf: Any) -> Any:
+        found = self.checks.get(id(leaf))
+        if found is not None and found[0] is leaf:
+            return found[1]
+        return as_rows(leaf, self.batch_dims)
+
+
+def checked_stream(source: Source, manifest: Manifest, stream: Stream) -> CheckedStream:
+    """``stream``, reading every leaf of ``source`` that ``manifest`` holds checksums for
+    through :class:`CheckedRows`: block digests (format 3), else the one hash of a leaf kept
+    unchanged or of a stored leaf whose every row is hashed (format 2)."""
+    whole = dict(manifest.checksums)
+    for r in manifest.keys:
+        leaf = source.leaves.get(r.delta_key) if r.delta_key else None
+        # Format 2 hashed the valid rows of a stored leaf: the rows past a buffer's len not.
+        every_row = leaf is not None and source.valid_rows in (None, leaf.shape[0])
+        if r.delta_key and "stored" in r.hashes and every_row:
+            whole.setdefault(key_str(r.delta_key), r.hashes["stored"])
+    checks: dict[int, tuple[Any, CheckedRows]] = {}
+    for key, leaf in source.leaves.items():
+        name = key_str(key)
+        if not is_data(leaf) or (name not in manifest.blocks and name not in whole):
+            continue
+        rows = as_rows(leaf, source.batch_dims)
+        if name in manifest.blocks:
+            block = block_rows(rows.shape, rows.dtype, manifest.hash_block_bytes)
+            checked = CheckedRows(rows, manifest.blocks[name], block, file=source.path, key=name)
+        else:
+            checked = CheckedRows(
+                rows,
+                whole[name],
+                max(1, rows.shape[0]),
+                file=source.path,
+                key=name,
+                algorithm=manifest.hash_algorithm,
+            )
+        checks[id(leaf)] = (leaf, checked)
+    fields = {f.name: getattr(stream, f.name) for f in dataclasses.fields(Stream)}
+    return CheckedStream(**fields, checks=checks)
+
+
+def check_exceptions(
+    exceptions: Exceptions | None, record: KeyRecord, algorithm: str, file: str | Path
+) -> None:
+    """Check a pair's exception rows and their index against the hashes recorded for them."""
+    if exceptions is None:
+        return
+    for name, values in (("index", exceptions.index), ("rows", exceptions.rows())):
+        if name not in record.hashes:
+            continue
+        hasher = Hasher(algorithm)
+        hasher.update(np.ascontiguousarray(values))
+        if hasher.hex != record.hashes[name]:
+            raise DamagedError(
+                f"exception rows ({name}) do not match their checksum; the file is damaged",
+                file=file,
+                key=record.name,
+                hint="restore it or compress again",
+            )
