@@ -22,8 +22,9 @@ import h5py
 import numpy as np
 
 from .direct import ALIGN, WINDOW, ColdReads, mapped_buffer
-from .hdf5_leaves import contiguous_span, copy_attrs, space_anew, type_anew
+from .hdf5_leaves import contiguous_span, copy_attrs
 from .hdf5_objects import hash_span, header_hash
+from .hdf5_types import space_anew, type_anew
 from .leaf import LazyLeaf, read_exact, write_exact
 
 #: Datasets smaller than this are copied by HDF5: a thread would not pay.

@@ -23,6 +23,7 @@ from .base import ArrayStore, Key
 from .direct import ColdReads
 from .hdf5_chunks import DirectChunks
 from .hdf5_safety import scale_offset
+from .hdf5_types import type_anew
 from .leaf import FlatRows, LazyLeaf, read_exact
 
 MAGIC = b"\x89HDF\r\n\x1a\n"
@@ -78,42 +79,6 @@ def read_rows(ds: h5py.Dataset, rows: Any, file: Path, what: str) -> np.ndarray:
             key=ds.name.lstrip("/"),
             hint="the file is damaged",
         ) from None
-
-
-def type_anew(t: Any) -> Any:
-    """A new type equal to ``t``, built member by member: HDF5 encodes it in the first
-    version of the format that can hold it, whatever version the file of ``t`` used.
-
-    >>> bool_type = h5py.h5t.py_create(np.dtype(bool))
-    >>> type_anew(bool_type) == bool_type
-    True
-    """
-    kind = t.get_class()
-    if kind == h5py.h5t.ENUM:
-        new = h5py.h5t.enum_create(type_anew(t.get_super()))
-        for i in range(t.get_nmembers()):
-            new.enum_insert(t.get_member_name(i), t.get_member_value(i))
-        return new
-    if kind == h5py.h5t.COMPOUND:
-        new = h5py.h5t.create(h5py.h5t.COMPOUND, t.get_size())
-        for i in range(t.get_nmembers()):
-            new.insert(
-                t.get_member_name(i), t.get_member_offset(i), type_anew(t.get_member_type(i))
-            )
-        return new
-    if kind == h5py.h5t.ARRAY:
-        return h5py.h5t.array_create(type_anew(t.get_super()), t.get_array_dims())
-    if kind == h5py.h5t.VLEN:
-        return h5py.h5t.vlen_create(type_anew(t.get_super()))
-    return t.copy()
-
-
-def space_anew(space: Any) -> Any:
-    """A new dataspace equal to ``space`` (see :func:`type_anew`)."""
-    kind = space.get_simple_extent_type()
-    if kind == h5py.h5s.SIMPLE:
-        return h5py.h5s.create_simple(space.shape, space.get_simple_extent_dims(True))
-    return h5py.h5s.create(kind)
 
 
 def copy_attrs(src: Any, dst: Any) -> None:

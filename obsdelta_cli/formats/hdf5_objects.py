@@ -15,7 +15,8 @@ import xxhash
 
 from .apart import SILENCE_SECONDS, apart, beat
 from .direct import PIECE, ColdReads
-from .hdf5_leaves import META_ATTR, OWN, REPLACED_TWINS, objects_of, space_anew, type_anew
+from .hdf5_leaves import META_ATTR, OWN, REPLACED_TWINS, objects_of
+from .hdf5_types import space_anew, type_anew
 
 
 def hash_objects(
