@@ -36,6 +36,7 @@ import math
 import os
 import resource
 import shutil
+import stat
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -183,8 +184,12 @@ def clean_stale(output: Path, *, locked: bool = False) -> None:
     swap).
     """
     olds = [p for p in _debris(output, OLD_MARK) if locked or _dead(p)]
-    if olds and not os.path.lexists(output):
-        os.rename(olds.pop(), output)
+    # Only a file or folder can be an output set aside: a link at that name is not put in
+    # OUTPUT's place (it would make OUTPUT point anywhere); it is removed with the rest.
+    mine = [p for p in olds if not p.is_symlink()]
+    if mine and not os.path.lexists(output):
+        olds.remove(mine[-1])
+        os.rename(mine[-1], output)
     for tmp in [*_debris(output, TMP_MARK), *olds]:
         if locked or _dead(tmp):
             _remove(tmp)
@@ -198,9 +203,12 @@ def clean_after_killed(output: Path) -> None:
     """
     path = output.parent / f".{output.name}{LOCK_MARK}"
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)  # never made here
+        fd = os.open(path, _LOCK_FLAGS)  # never made here, nor followed
     except OSError:
         clean_stale(output)  # no lock file: only the temporaries of dead processes
+        return
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
         return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -383,7 +391,8 @@ def _take(path: Path, output: Path, wait: bool) -> int:
             # Held back while the file is opened: raised between the system call and the
             # assignment, a signal would lose the descriptor of a file this run made.
             with interrupts.deferred():
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                fd = os.open(path, _LOCK_FLAGS | os.O_CREAT, 0o644)
+            _own_lock_file(path, output, fd)
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
             # The holder before us may have removed the file after we opened it: lock the
             # file that is at the path now, or two runs could hold locks on different files.
@@ -398,7 +407,12 @@ def _take(path: Path, output: Path, wait: bool) -> int:
                 file=output,
                 hint="wait for it to finish, or write the output elsewhere",
             ) from None
+        except OutputError:  # not a lock file: left as it is
+            os.close(fd)
+            raise
         except OSError as exc:
+            if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
+                raise _not_a_lock_file(path, output, "a symbolic link") from None
             if fd >= 0:
                 _let_go(path, fd)
             raise OutputError(
@@ -414,11 +428,40 @@ def _take(path: Path, output: Path, wait: bool) -> int:
 
 
 def _at(path: Path, fd: int) -> bool:
-    """Whether ``fd`` is the file now at ``path``."""
+    """Whether ``fd`` is the file now at ``path`` (the entry itself: a link is not followed)."""
     try:
-        return os.stat(path).st_ino == os.fstat(fd).st_ino
+        here, held = os.lstat(path), os.fstat(fd)
     except FileNotFoundError:
         return False
+    return (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino)
+
+
+#: How a lock file is opened: a symbolic link at its name fails (``ELOOP``) rather than
+#: being followed, so that no file outside the output's own names is created or truncated.
+_LOCK_FLAGS = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+
+
+def _own_lock_file(path: Path, output: Path, fd: int) -> None:
+    """Refuse a lock file obsdelta cannot have made: not a regular file (a
+    pipe, a device), or one with other names (a hard link to some other file), which writing
+    the holder's PID would change."""
+    info = os.fstat(fd)
+    what = None
+    if not stat.S_ISREG(info.st_mode):
+        what = "not a regular file"
+    elif info.st_nlink != 1:
+        what = "a hard link to another file"
+    if what is not None:
+        raise _not_a_lock_file(path, output, what)
+
+
+def _not_a_lock_file(path: Path, output: Path, what: str) -> OutputError:
+    return OutputError(
+        f"cannot lock the output: {path.name} beside it is {what}, not a lock file obsdelta "
+        "made; nothing was written",
+        file=output,
+        hint=f"delete {path} yourself, then run again",
+    )
 
 
 #: Locks this process holds (descriptor: lock file), for :func:`release_locks`.
@@ -533,6 +576,12 @@ def atomic_output(
         _remove(tmp)
         try:
             yield tmp
+            if tmp.is_symlink():  # obsdelta writes files and folders: never a link as OUTPUT
+                raise OutputError(
+                    "cannot write: a symbolic link took the place of the output being written",
+                    file=output,
+                    hint="check who else writes in this folder; nothing was written",
+                )
             # Durable before visible: after a crash, OUTPUT is the old one or the complete new one.
             durable = not in_scratch(tmp)
             if durable:
