@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import interrupts
-from .errors import ObsdeltaError, OutputError
+from .errors import NoSpaceError, ObsdeltaError, OutputError, out_of_space
 
 if TYPE_CHECKING:
     from .formats.base import Plan, Source
@@ -337,6 +337,44 @@ def check_free_space(output: Path, expected_bytes: int) -> None:
         )
 
 
+def no_space(output: Path, needed: int | None) -> NoSpaceError:
+    """The one line for a disk that filled up while ``output`` was written, said once what the
+    run wrote is removed: how much more to free, from ``needed`` (the run's estimate of the
+    bytes it writes) and the space free now."""
+    try:
+        free: int | None = shutil.disk_usage(output.parent).free
+    except OSError:
+        free = None
+    left = "" if free is None else f"{_size(free)} of free space is left"
+    if needed is not None and free is not None and needed > free:
+        more = f"free {_size(needed - free)}"
+        left = f"it needs about {_size(needed)}, {left}"
+    else:
+        more = "free more space"
+    return NoSpaceError(
+        f"no space left on device writing {output}" + (f": {left}" if left else ""),
+        hint=f"{more} or choose another output; nothing was written",
+    )
+
+
+@contextmanager
+def full_disk_said(output: Path, needed: Callable[[], int | None]) -> Iterator[None]:
+    """A full disk anywhere in the block (the system's ``ENOSPC``, HDF5's message of it, or a
+    :class:`NoSpaceError` raised for a part of the output) becomes :func:`no_space` for
+    ``output``. The block removes what it wrote before it ends, so that the space counted free
+    is what the run can have."""
+    try:
+        yield
+    except (OSError, RuntimeError, NoSpaceError) as exc:
+        if not out_of_space(exc):
+            raise
+        try:
+            estimate = needed()
+        except (OSError, ObsdeltaError):
+            estimate = None
+        raise no_space(output, estimate) from None
+
+
 def estimate_output_bytes(source: Source, plan: Plan) -> int:
     """An upper estimate of the bytes ``plan`` writes from ``source``: the input's bytes on disk,
     less the leaves left out, plus the new leaves at their full (unfiltered) size, plus 5% and
@@ -415,6 +453,8 @@ def _take(path: Path, output: Path, wait: bool) -> int:
                 raise _not_a_lock_file(path, output, "a symbolic link") from None
             if fd >= 0:
                 _let_go(path, fd)
+            if out_of_space(exc):
+                raise no_space(output, None) from None
             raise OutputError(
                 f"cannot write ({exc.strerror})",
                 file=path,

@@ -74,6 +74,10 @@ class FormatVersionError(InputError):
     """A compressed file written by a newer, unknown obsdelta format version."""
 
 
+class NoSpaceError(OutputError):
+    """The output's file system filled up while it was written (or a disk quota was met)."""
+
+
 _ERRNO = re.compile(r"errno = (\d+)")
 _MESSAGE = re.compile(r"error message = '([^']*)'")
 _TEMPORARY = ".obsdelta-tmp-"
@@ -83,6 +87,26 @@ def failed_write(exc: BaseException) -> bool:
     """Whether HDF5's error ``exc`` is a write that failed (its message says so; HDF5 raises
     ``RuntimeError`` or ``OSError`` for reads and writes alike)."""
     return "write failed" in " ".join(str(exc).split())
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def out_of_space(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a write that failed for want of space: the system's error code, or
+    the message of HDF5 (which gives the code in its text) saying so. The exception it was
+    raised in the handling of counts too: ``torch.save``, its write failed, raises its own
+    error as it closes the file."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, NoSpaceError) or (isinstance(exc, OSError) and exc.errno in _FULL):
+            return True
+        text = " ".join(str(exc).split())
+        code = _ERRNO.search(text)
+        if (code and int(code.group(1)) in _FULL) or any(os.strerror(e) in text for e in _FULL):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def write_error(path: str | Path, exc: BaseException) -> OutputError:
@@ -106,6 +130,12 @@ def write_error(path: str | Path, exc: BaseException) -> OutputError:
     name = path.name.split(_TEMPORARY)[0]
     if _TEMPORARY in path.name:
         name = name.lstrip(".")
+    if out_of_space(exc):  # the command restates it with how much to free (atomic.no_space)
+        return NoSpaceError(
+            "no space left on device",
+            file=path.parent / name,
+            hint="free some space or choose another output",
+        )
     return OutputError(
         f"cannot write ({reason})",
         file=path.parent / name,

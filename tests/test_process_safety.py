@@ -4,17 +4,25 @@ hostile, and a file replaced while it is read."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from tensordict import TensorDictBase
 
-from obsdelta_cli import compress
+from obsdelta_cli import commands, compress
 from obsdelta_cli.atomic import atomic_output
 from obsdelta_cli.errors import OutputError
 
 from .conftest import SAMPLE, Cli, tree_hash
+from .test_atomic import _tiny_tmpfs
 from .test_cli_errors import assert_one_error_line
+from .writers import WRITERS
 
 D4RL = SAMPLE / "hopper_d4rl.hdf5"
 
@@ -125,3 +133,125 @@ def test_a_link_at_the_temporary_name_is_never_put_in_place(tmp_path: Path) -> N
         tmp.symlink_to(victim)
     assert not os.path.lexists(out) and _debris(tmp_path) == []
     assert victim.read_text() == "keep me\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# A full disk
+
+
+def _leave_free(disk: Path, free: int) -> None:
+    """Fill ``disk`` with one file until ``free`` bytes are left."""
+    have = shutil.disk_usage(disk).free
+    with (disk / "filler").open("wb") as f:
+        f.write(b"\0" * max(0, have - free))
+
+
+def fill_sweep(cases: str) -> None:
+    """Run in a process of its own (HDF5 may crash on a failed write: the test must see it):
+    for each case (command, input, disk, free space amounts, options), the command of the
+    input into the disk once for each amount of free space, the check of free space before
+    writing switched off so that the disk fills at every point of the run. Prints per run the
+    error (or ``ok``) and what the disk then holds."""
+    from obsdelta_cli import atomic, commands
+    from obsdelta_cli.errors import ObsdeltaError
+
+    atomic.check_free_space = lambda *args, **kwargs: None
+    runs = []
+    for command, src, disk, frees, options in json.loads(cases):
+        folder = Path(disk)
+        for free in frees:
+            _leave_free(folder, free)
+            try:
+                getattr(commands, command)(Path(src), folder / "out", **options)
+                said = "ok"
+            except ObsdeltaError as exc:
+                said = str(exc)
+            runs.append({"disk": disk, "said": said, "left": sorted(os.listdir(folder))})
+            for path in folder.iterdir():
+                atomic._remove(path)
+    print(json.dumps(runs))
+
+
+FULL_DISK = {
+    "compress-d4rl": ("compress", "d4rl", {"codec": "fp16"}),
+    "compress-memmap": ("compress", "ted-memmap", {}),
+    "compress-pt": ("compress", "ted-pt", {"codec": "fp16"}),
+    "compress-pack": ("compress", "ted-memmap", {"pack": True}),
+    "inflate-d4rl": ("inflate", "d4rl", {}),
+    "inflate-packed": ("inflate", "ted-memmap", {"pack": True}),
+}
+
+
+def _sweep(tmp_path: Path, hopper: TensorDictBase, fractions: list[float]) -> dict[str, int]:
+    """Every ``FULL_DISK`` case, run with free space of each fraction of its output's size
+    (in one process): every run that did not finish said one thing, and left the disk as it
+    was. How many runs of each case did not finish."""
+    cases = []
+    with contextlib.ExitStack() as mounts:
+        for case, (command, kind, options) in FULL_DISK.items():
+            folder = tmp_path / case
+            folder.mkdir()
+            src = D4RL if kind == "d4rl" else WRITERS[kind](hopper, folder / "in")
+            if command == "inflate":
+                compress(src, folder / "compressed", **options)
+                src, options = folder / "compressed", {}
+            done = folder / "done"
+            getattr(commands, command)(src, done, **options)
+            files = [done] if done.is_file() else done.rglob("*")
+            size = sum(p.stat().st_size for p in files if p.is_file())
+            disk = mounts.enter_context(_tiny_tmpfs(folder / "disk", f"{size * 3 + (1 << 20)}"))
+            frees = sorted({int(size * f) for f in fractions})
+            cases.append((command, str(src), str(disk), frees, options))
+        code = (
+            f"from tests.test_process_safety import fill_sweep; fill_sweep({json.dumps(cases)!r})"
+        )
+        run = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False
+        )
+        assert run.returncode == 0, run.stderr
+        runs: list[dict] = json.loads(run.stdout.splitlines()[-1])
+    full = dict.fromkeys(FULL_DISK, 0)
+    for r in runs:
+        case = Path(r["disk"]).parent.name
+        if r["said"] == "ok":
+            assert r["left"] == ["filler", "out"], r
+            continue
+        full[case] += 1
+        out = Path(r["disk"]) / "out"
+        assert r["said"].startswith(f"no space left on device writing {out}"), r
+        assert "or choose another output" in r["said"], r
+        assert r["left"] == ["filler"], r
+    return full
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path: Path, hopper: TensorDictBase) -> None:
+    """The disk fills while the working copy, the output or its metadata is written: one
+    error saying how much to free, and the disk as it was. Before, HDF5's and torch's messages
+    said "cannot write (unexpected pos 64 vs 0)", and a packed file's inflate ended in an
+    ``OSError`` traceback."""
+    assert _sweep(tmp_path, hopper, [0, 1 / 3, 2 / 3]) == dict.fromkeys(FULL_DISK, 3)
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_any_point(tmp_path: Path, hopper: TensorDictBase) -> None:
+    full = _sweep(tmp_path, hopper, [i / 16 for i in range(33)])
+    assert min(full.values()) >= 10, full
+
+
+def test_inflate_of_a_packed_folder_on_a_full_disk(tmp_path: Path, hopper: TensorDictBase) -> None:
+    """The disk fills while the packed file is unpacked: the traceback of an ``OSError`` was
+    57 lines long."""
+    packed = tmp_path / "packed.h5"
+    compress(WRITERS["ted-memmap"](hopper, tmp_path / "in"), packed, pack=True)
+    with _tiny_tmpfs(tmp_path / "disk", "100k") as disk:
+        out = disk / "back"
+        run = subprocess.run(
+            [sys.executable, "-m", "obsdelta_cli", "inflate", packed, "-o", out],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        says = [f"no space left on device writing {out}", "free ", "or choose another output"]
+        assert_one_error_line(run.returncode, run.stdout, run.stderr, says=says)
+        assert list(disk.iterdir()) == []
