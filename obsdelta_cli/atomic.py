@@ -626,6 +626,9 @@ def atomic_output(
             durable = not in_scratch(tmp)
             if durable:
                 _fsync_tree(tmp)
+            # Stopped meanwhile (a worker whose parent died), with the signal's exception
+            # swallowed by a library: the output is not put in place.
+            interrupts.check()
             _put_in_place(tmp, output)
             if durable:
                 _fsync(output.parent)
