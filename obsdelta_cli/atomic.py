@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import interrupts
-from .errors import NoSpaceError, ObsdeltaError, OutputError, out_of_space
+from .errors import NoSpaceError, ObsdeltaError, OutputError, out_of_space, size_text
 
 if TYPE_CHECKING:
     from .formats.base import Plan, Source
@@ -307,14 +307,6 @@ def _check_replace(output: Path, replaceable: str | Callable[[Path], None] | Non
 # Free space
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError  # pragma: no cover
-
-
 def check_free_space(output: Path, expected_bytes: int) -> None:
     """Refuse when the output's folder has less free space than ``expected_bytes``, or the
     process's file size limit (``ulimit -f``) is below it: HDF5 can crash when a write fails
@@ -322,18 +314,18 @@ def check_free_space(output: Path, expected_bytes: int) -> None:
     limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
     if limit != resource.RLIM_INFINITY and limit < expected_bytes:
         raise OutputError(
-            f"cannot write (the file size limit, {_size(limit)}, is below the output's "
-            f"estimated {_size(expected_bytes)})",
+            f"cannot write (the file size limit, {size_text(limit)}, is below the output's "
+            f"estimated {size_text(expected_bytes)})",
             file=output,
             hint="raise the limit (ulimit -f), check free space, or write a smaller output",
         )
     free = shutil.disk_usage(output.parent).free
     if free < expected_bytes:
         raise OutputError(
-            f"not enough free space: the output needs about {_size(expected_bytes)}, "
-            f"{_size(free)} is free in {output.parent}",
+            f"not enough free space: the output needs about {size_text(expected_bytes)}, "
+            f"{size_text(free)} is free in {output.parent}",
             file=output,
-            hint=f"free at least {_size(expected_bytes - free)} or write the output elsewhere",
+            hint=f"free at least {size_text(expected_bytes - free)} or write the output elsewhere",
         )
 
 
@@ -345,10 +337,10 @@ def no_space(output: Path, needed: int | None) -> NoSpaceError:
         free: int | None = shutil.disk_usage(output.parent).free
     except OSError:
         free = None
-    left = "" if free is None else f"{_size(free)} of free space is left"
+    left = "" if free is None else f"{size_text(free)} of free space is left"
     if needed is not None and free is not None and needed > free:
-        more = f"free {_size(needed - free)}"
-        left = f"it needs about {_size(needed)}, {left}"
+        more = f"free {size_text(needed - free)}"
+        left = f"it needs about {size_text(needed)}, {left}"
     else:
         more = "free more space"
     return NoSpaceError(

@@ -78,6 +78,19 @@ class NoSpaceError(OutputError):
     """The output's file system filled up while it was written (or a disk quota was met)."""
 
 
+def size_text(n: float) -> str:
+    """Bytes as people read them.
+
+    >>> size_text(512), size_text(830_000), size_text(2**40 * 44)
+    ('512 B', '810.5 KB', '44.0 TB')
+    """
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if n < 1024 or unit == "PB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError  # pragma: no cover
+
+
 _ERRNO = re.compile(r"errno = (\d+)")
 _MESSAGE = re.compile(r"error message = '([^']*)'")
 _TEMPORARY = ".obsdelta-tmp-"

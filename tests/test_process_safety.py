@@ -8,16 +8,21 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import h5py
+import numpy as np
 import pytest
 from tensordict import TensorDictBase
 
-from obsdelta_cli import commands, compress
+from obsdelta_cli import commands, compress, open_dataset
 from obsdelta_cli.atomic import atomic_output
-from obsdelta_cli.errors import OutputError
+from obsdelta_cli.errors import ObsdeltaError, OutputError
 
 from .conftest import SAMPLE, Cli, tree_hash
 from .test_atomic import _tiny_tmpfs
@@ -255,3 +260,72 @@ def test_inflate_of_a_packed_folder_on_a_full_disk(tmp_path: Path, hopper: Tenso
         says = [f"no space left on device writing {out}", "free ", "or choose another output"]
         assert_one_error_line(run.returncode, run.stdout, run.stderr, says=says)
         assert list(disk.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile sizes declared in an HDF5 file
+
+
+def _hollow_d4rl(path: Path, rows: int, chunked: bool) -> Path:
+    """A D4RL file whose datasets declare ``rows`` rows, of which only the first 5,000 (or,
+    contiguous, none) are written."""
+    with h5py.File(path, "w") as f:
+        for name, shape, dtype in [
+            ("observations", (11,), "f4"),
+            ("next_observations", (11,), "f4"),
+            ("actions", (3,), "f4"),
+            ("rewards", (), "f4"),
+            ("terminals", (), "?"),
+            ("timeouts", (), "?"),
+        ]:
+            chunks = (1024, *shape) if chunked else None
+            d = f.create_dataset(name, shape=(rows, *shape), dtype=dtype, chunks=chunks)
+            if chunked:
+                d[:5000] = np.ones((5000, *shape), dtype)
+    return path
+
+
+@contextlib.contextmanager
+def _within(seconds: int) -> Iterator[None]:
+    """Fail the block if it runs longer than ``seconds`` (rather than wait for it for hours)."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunks", "contiguous"])
+def test_a_file_declaring_2_40_rows_is_refused_at_once(
+    tmp_path: Path, cli: Cli, chunked: bool
+) -> None:
+    """830 KB on disk, 2**40 rows declared: ``report``, ``compress`` and ``compress --pack``
+    read the fill values for hours."""
+    src = _hollow_d4rl(tmp_path / "huge.hdf5", 2**40, chunked)
+    before = tree_hash(src)
+    for args in (
+        ["report"],
+        ["compress", "-o", tmp_path / "out"],
+        ["compress", "--pack", "-o", tmp_path / "out.h5"],
+    ):
+        start = time.monotonic()
+        with _within(30):
+            result = cli(args[0], src, *args[1:], code=1)
+        assert time.monotonic() - start < 5, args
+        says = [src, "declares shape (1099511627776, ", "stored nowhere", "the file holds"]
+        assert_one_error_line(result.exit_code, result.stdout, result.stderr, says=says)
+    assert tree_hash(src) == before and [p.name for p in tmp_path.iterdir()] == ["huge.hdf5"]
+    with _within(30), pytest.raises(ObsdeltaError, match="stored nowhere"):
+        open_dataset(src)[:]
+    # Unwritten chunks within the bound are read as fill values, as HDF5 reads them.
+    some = _hollow_d4rl(tmp_path / "some.hdf5", 20_000, True)
+    cli("compress", some, "-o", tmp_path / "out.hdf5", "--quiet")
+    data = open_dataset(tmp_path / "out.hdf5")
+    assert len(data) == 20_000
+    assert (data[19_999]["observation"] == 0).all() and (data[0]["observation"] == 1).all()
