@@ -322,11 +322,15 @@ def _reference_attrs(f: h5py.File, name: bytes, count: int) -> list[str]:
         return []
     oid = h5py.h5o.open(f.id, name)
     where = "/" if name == b"." else "/" + name.decode(errors="replace")
+    # Listed in one pass, then opened by name: opening the i-th attribute builds HDF5's table
+    # of every attribute again each time, so that many attributes took quadratic time.
+    names: list[bytes] = []
+    h5py.h5a.iterate(oid, lambda attr, *_: names.append(attr))
     found = []
-    for i in range(count):
-        aid = h5py.h5a.open(oid, index=i)
-        if aid.get_type().get_class() == h5py.h5t.REFERENCE:
-            found.append(f"attribute {aid.name.decode(errors='replace')} of {where}")
+    for attr in names:
+        beat()
+        if h5py.h5a.open(oid, attr).get_type().get_class() == h5py.h5t.REFERENCE:
+            found.append(f"attribute {attr.decode(errors='replace')} of {where}")
     return found
 
 
