@@ -359,3 +359,27 @@ def test_many_attributes_on_one_dataset_take_linear_time(tmp_path: Path, cli: Cl
         hdf5_safety.check_contained(f, src)
     took = time.monotonic() - start
     assert took < 2 * h5py_seconds + 0.5, (took, h5py_seconds)
+
+
+# ---------------------------------------------------------------------------------------------
+# Leaves of a dtype NumPy has no equivalent of
+
+
+def test_a_float8_leaf_of_a_pt_file_is_refused_in_one_line(
+    tmp_path: Path, cli: Cli, hopper: TensorDictBase
+) -> None:
+    """``torch.float8_e4m3fn`` has no NumPy dtype: ``compress`` ended in a TypeError
+    traceback."""
+    import torch
+
+    td = hopper.clone()
+    for key in ("observation", ("next", "observation")):
+        td[key] = td[key].to(torch.float8_e4m3fn)
+    src = tmp_path / "f8.pt"
+    torch.save(td, src)
+    before = tree_hash(src)
+    for args in (["compress", src, "-o", tmp_path / "out.pt"], ["report", src]):
+        result = cli(*args, code=1)
+        says = [src, "key observation", "float8_e4m3fn", "float16"]
+        assert_one_error_line(result.exit_code, result.stdout, result.stderr, says=says)
+    assert tree_hash(src) == before and [p.name for p in tmp_path.iterdir()] == ["f8.pt"]
