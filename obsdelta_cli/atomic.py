@@ -36,6 +36,7 @@ import math
 import os
 import resource
 import shutil
+import stat
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import interrupts
-from .errors import ObsdeltaError, OutputError
+from .errors import NoSpaceError, ObsdeltaError, OutputError, out_of_space, size_text
 
 if TYPE_CHECKING:
     from .formats.base import Plan, Source
@@ -183,8 +184,12 @@ def clean_stale(output: Path, *, locked: bool = False) -> None:
     swap).
     """
     olds = [p for p in _debris(output, OLD_MARK) if locked or _dead(p)]
-    if olds and not os.path.lexists(output):
-        os.rename(olds.pop(), output)
+    # Only a file or folder can be an output set aside: a link at that name is not put in
+    # OUTPUT's place (it would make OUTPUT point anywhere); it is removed with the rest.
+    mine = [p for p in olds if not p.is_symlink()]
+    if mine and not os.path.lexists(output):
+        olds.remove(mine[-1])
+        os.rename(mine[-1], output)
     for tmp in [*_debris(output, TMP_MARK), *olds]:
         if locked or _dead(tmp):
             _remove(tmp)
@@ -198,9 +203,12 @@ def clean_after_killed(output: Path) -> None:
     """
     path = output.parent / f".{output.name}{LOCK_MARK}"
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)  # never made here
+        fd = os.open(path, _LOCK_FLAGS)  # never made here, nor followed
     except OSError:
         clean_stale(output)  # no lock file: only the temporaries of dead processes
+        return
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
         return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -299,14 +307,6 @@ def _check_replace(output: Path, replaceable: str | Callable[[Path], None] | Non
 # Free space
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError  # pragma: no cover
-
-
 def check_free_space(output: Path, expected_bytes: int) -> None:
     """Refuse when the output's folder has less free space than ``expected_bytes``, or the
     process's file size limit (``ulimit -f``) is below it: HDF5 can crash when a write fails
@@ -314,19 +314,57 @@ def check_free_space(output: Path, expected_bytes: int) -> None:
     limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
     if limit != resource.RLIM_INFINITY and limit < expected_bytes:
         raise OutputError(
-            f"cannot write (the file size limit, {_size(limit)}, is below the output's "
-            f"estimated {_size(expected_bytes)})",
+            f"cannot write (the file size limit, {size_text(limit)}, is below the output's "
+            f"estimated {size_text(expected_bytes)})",
             file=output,
             hint="raise the limit (ulimit -f), check free space, or write a smaller output",
         )
     free = shutil.disk_usage(output.parent).free
     if free < expected_bytes:
         raise OutputError(
-            f"not enough free space: the output needs about {_size(expected_bytes)}, "
-            f"{_size(free)} is free in {output.parent}",
+            f"not enough free space: the output needs about {size_text(expected_bytes)}, "
+            f"{size_text(free)} is free in {output.parent}",
             file=output,
-            hint=f"free at least {_size(expected_bytes - free)} or write the output elsewhere",
+            hint=f"free at least {size_text(expected_bytes - free)} or write the output elsewhere",
         )
+
+
+def no_space(output: Path, needed: int | None) -> NoSpaceError:
+    """The one line for a disk that filled up while ``output`` was written, said once what the
+    run wrote is removed: how much more to free, from ``needed`` (the run's estimate of the
+    bytes it writes) and the space free now."""
+    try:
+        free: int | None = shutil.disk_usage(output.parent).free
+    except OSError:
+        free = None
+    left = "" if free is None else f"{size_text(free)} of free space is left"
+    if needed is not None and free is not None and needed > free:
+        more = f"free {size_text(needed - free)}"
+        left = f"it needs about {size_text(needed)}, {left}"
+    else:
+        more = "free more space"
+    return NoSpaceError(
+        f"no space left on device writing {output}" + (f": {left}" if left else ""),
+        hint=f"{more} or choose another output; nothing was written",
+    )
+
+
+@contextmanager
+def full_disk_said(output: Path, needed: Callable[[], int | None]) -> Iterator[None]:
+    """A full disk anywhere in the block (the system's ``ENOSPC``, HDF5's message of it, or a
+    :class:`NoSpaceError` raised for a part of the output) becomes :func:`no_space` for
+    ``output``. The block removes what it wrote before it ends, so that the space counted free
+    is what the run can have."""
+    try:
+        yield
+    except (OSError, RuntimeError, NoSpaceError) as exc:
+        if not out_of_space(exc):
+            raise
+        try:
+            estimate = needed()
+        except (OSError, ObsdeltaError):
+            estimate = None
+        raise no_space(output, estimate) from None
 
 
 def estimate_output_bytes(source: Source, plan: Plan) -> int:
@@ -383,7 +421,8 @@ def _take(path: Path, output: Path, wait: bool) -> int:
             # Held back while the file is opened: raised between the system call and the
             # assignment, a signal would lose the descriptor of a file this run made.
             with interrupts.deferred():
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                fd = os.open(path, _LOCK_FLAGS | os.O_CREAT, 0o644)
+            _own_lock_file(path, output, fd)
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
             # The holder before us may have removed the file after we opened it: lock the
             # file that is at the path now, or two runs could hold locks on different files.
@@ -398,9 +437,16 @@ def _take(path: Path, output: Path, wait: bool) -> int:
                 file=output,
                 hint="wait for it to finish, or write the output elsewhere",
             ) from None
+        except OutputError:  # not a lock file: left as it is
+            os.close(fd)
+            raise
         except OSError as exc:
+            if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
+                raise _not_a_lock_file(path, output, "a symbolic link") from None
             if fd >= 0:
                 _let_go(path, fd)
+            if out_of_space(exc):
+                raise no_space(output, None) from None
             raise OutputError(
                 f"cannot write ({exc.strerror})",
                 file=path,
@@ -414,11 +460,40 @@ def _take(path: Path, output: Path, wait: bool) -> int:
 
 
 def _at(path: Path, fd: int) -> bool:
-    """Whether ``fd`` is the file now at ``path``."""
+    """Whether ``fd`` is the file now at ``path`` (the entry itself: a link is not followed)."""
     try:
-        return os.stat(path).st_ino == os.fstat(fd).st_ino
+        here, held = os.lstat(path), os.fstat(fd)
     except FileNotFoundError:
         return False
+    return (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino)
+
+
+#: How a lock file is opened: a symbolic link at its name fails (``ELOOP``) rather than
+#: being followed, so that no file outside the output's own names is created or truncated.
+_LOCK_FLAGS = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+
+
+def _own_lock_file(path: Path, output: Path, fd: int) -> None:
+    """Refuse a lock file obsdelta cannot have made: not a regular file (a
+    pipe, a device), or one with other names (a hard link to some other file), which writing
+    the holder's PID would change."""
+    info = os.fstat(fd)
+    what = None
+    if not stat.S_ISREG(info.st_mode):
+        what = "not a regular file"
+    elif info.st_nlink != 1:
+        what = "a hard link to another file"
+    if what is not None:
+        raise _not_a_lock_file(path, output, what)
+
+
+def _not_a_lock_file(path: Path, output: Path, what: str) -> OutputError:
+    return OutputError(
+        f"cannot lock the output: {path.name} beside it is {what}, not a lock file obsdelta "
+        "made; nothing was written",
+        file=output,
+        hint=f"delete {path} yourself, then run again",
+    )
 
 
 #: Locks this process holds (descriptor: lock file), for :func:`release_locks`.
@@ -533,10 +608,19 @@ def atomic_output(
         _remove(tmp)
         try:
             yield tmp
+            if tmp.is_symlink():  # obsdelta writes files and folders: never a link as OUTPUT
+                raise OutputError(
+                    "cannot write: a symbolic link took the place of the output being written",
+                    file=output,
+                    hint="check who else writes in this folder; nothing was written",
+                )
             # Durable before visible: after a crash, OUTPUT is the old one or the complete new one.
             durable = not in_scratch(tmp)
             if durable:
                 _fsync_tree(tmp)
+            # Stopped meanwhile (a worker whose parent died), with the signal's exception
+            # swallowed by a library: the output is not put in place.
+            interrupts.check()
             _put_in_place(tmp, output)
             if durable:
                 _fsync(output.parent)

@@ -7,10 +7,13 @@ outcome per input whatever happens to the others.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import gc
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
@@ -139,17 +142,40 @@ def outputs_for(
 _BUSY = False
 
 
-def _init_worker(threads: int) -> None:
+def _init_worker(threads: int, parent: int) -> None:
     # Ctrl-C reaches the whole process group: the parent decides what happens to each worker.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by _spawn
     signal.signal(signal.SIGTERM, _worker_sigterm)
     interrupts.quiet_in_finalizers()
+    _die_with(parent)
     from . import arrays  # numpy: not for --version and --help, which import this module
 
     # Workers share the cores: one pool of torch threads each (where a codec imports torch for
     # its casts) would oversubscribe them.
     arrays.torch_threads = threads
+
+
+_PR_SET_PDEATHSIG = 1
+#: How often a worker checks that its parent lives, where the kernel cannot tell it.
+PARENT_POLL_SECONDS = 0.2
+
+
+def _die_with(parent: int) -> None:
+    """Stop this worker as the parent's SIGTERM would (the output it is writing removed, not
+    put in place) once the process ``parent`` is gone: killed with SIGKILL, it can stop no
+    worker itself, and they would go on writing outputs nobody waits for. The kernel sends
+    the signal where it can (Linux ``PR_SET_PDEATHSIG``); a thread watching the parent PID
+    does elsewhere, and here too if the parent died before this ran."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_SECONDS)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="obsdelta-parent", daemon=True).start()
 
 
 def _worker_sigterm(signum: int, frame: object) -> None:
@@ -231,7 +257,7 @@ def run_all(
     elif workers > 1 and len(jobs) > 1:
         threads = max(1, (os.cpu_count() or 1) // workers)
         context = multiprocessing.get_context("spawn")
-        pool = ProcessPoolExecutor(workers, context, _init_worker, (threads,))
+        pool = ProcessPoolExecutor(workers, context, _init_worker, (threads, os.getpid()))
         try:
             # Largest first: a big input started last would leave the other workers idle.
             ordered = sorted(jobs, key=_input_bytes, reverse=True)

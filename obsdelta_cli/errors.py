@@ -79,6 +79,23 @@ class DamagedError(InputError):
     it was written."""
 
 
+class NoSpaceError(OutputError):
+    """The output's file system filled up while it was written (or a disk quota was met)."""
+
+
+def size_text(n: float) -> str:
+    """Bytes as people read them.
+
+    >>> size_text(512), size_text(830_000), size_text(2**40 * 44)
+    ('512 B', '810.5 KB', '44.0 TB')
+    """
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if n < 1024 or unit == "PB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError  # pragma: no cover
+
+
 _ERRNO = re.compile(r"errno = (\d+)")
 _MESSAGE = re.compile(r"error message = '([^']*)'")
 _TEMPORARY = ".obsdelta-tmp-"
@@ -88,6 +105,26 @@ def failed_write(exc: BaseException) -> bool:
     """Whether HDF5's error ``exc`` is a write that failed (its message says so; HDF5 raises
     ``RuntimeError`` or ``OSError`` for reads and writes alike)."""
     return "write failed" in " ".join(str(exc).split())
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def out_of_space(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a write that failed for want of space: the system's error code, or
+    the message of HDF5 (which gives the code in its text) saying so. The exception it was
+    raised in the handling of counts too: ``torch.save``, its write failed, raises its own
+    error as it closes the file."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, NoSpaceError) or (isinstance(exc, OSError) and exc.errno in _FULL):
+            return True
+        text = " ".join(str(exc).split())
+        code = _ERRNO.search(text)
+        if (code and int(code.group(1)) in _FULL) or any(os.strerror(e) in text for e in _FULL):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def write_error(path: str | Path, exc: BaseException) -> OutputError:
@@ -111,6 +148,12 @@ def write_error(path: str | Path, exc: BaseException) -> OutputError:
     name = path.name.split(_TEMPORARY)[0]
     if _TEMPORARY in path.name:
         name = name.lstrip(".")
+    if out_of_space(exc):  # the command restates it with how much to free (atomic.no_space)
+        return NoSpaceError(
+            "no space left on device",
+            file=path.parent / name,
+            hint="free some space or choose another output",
+        )
     return OutputError(
         f"cannot write ({reason})",
         file=path.parent / name,

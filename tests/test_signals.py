@@ -203,6 +203,17 @@ def _batch(inputs: list[Path], out: Path, cwd: Path) -> subprocess.Popen[str]:
     return _start(argv, cwd)
 
 
+def _wait_for_writing(out: Path, proc: subprocess.Popen[str]) -> list[Path]:
+    """The temporaries of outputs being written in ``out``, once there are any."""
+    deadline = time.monotonic() + 90
+    writing: list[Path] = []
+    while not writing and proc.poll() is None and time.monotonic() < deadline:
+        writing = list(out.glob(".*.obsdelta-tmp-*")) if out.is_dir() else []
+        time.sleep(0.005)
+    assert writing, "no worker started writing"
+    return writing
+
+
 def _wait_for_output(out: Path, proc: subprocess.Popen[str]) -> None:
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and proc.poll() is None:
@@ -245,12 +256,7 @@ def test_a_killed_worker_fails_its_inputs_in_one_line_each_and_leaves_nothing(
     # As the out-of-memory killer would: SIGKILL, which no handler sees, mid-input.
     out = tmp_path / "small"
     proc = _batch(inputs, out, tmp_path)
-    deadline = time.monotonic() + 90
-    writing: list[Path] = []
-    while not writing and proc.poll() is None and time.monotonic() < deadline:
-        writing = list(out.glob(".*.obsdelta-tmp-*")) if out.is_dir() else []
-        time.sleep(0.005)
-    assert writing, "no worker started writing"
+    writing = _wait_for_writing(out, proc)
     os.kill(int(writing[0].name.rsplit("-", 1)[1]), signal.SIGKILL)
     code, _, err = finish(proc)
     assert code == 1, err
@@ -316,3 +322,55 @@ def test_a_second_signal_does_not_cut_the_clean_up_short(monkeypatch: pytest.Mon
         batch._worker_sigterm(signal.SIGTERM, None)
     batch._worker_sigterm(signal.SIGTERM, None)
     assert interrupts.received == [signal.SIGTERM, signal.SIGTERM]
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                # The fields after the command name, which may hold spaces and parentheses.
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pid:
+                    found.append(int(entry.name))
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's new parent may not reap it at once)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def test_workers_die_with_their_parent(inputs: list[Path], tmp_path: Path) -> None:
+    """``kill -9`` of a ``--jobs 2`` batch: its workers end within 2 s, removing what they were
+    writing, and no output appears afterwards. Before, they lived on (their parent PID 1) and
+    wrote outputs for a minute."""
+    out = tmp_path / "small"
+    proc = _batch(inputs, out, tmp_path)
+    _wait_for_writing(out, proc)
+    workers = _children(proc.pid)
+    assert len(workers) >= 2, workers
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)  # not communicate(): workers left running hold its pipes open
+    killed = time.monotonic()
+    try:
+        while any(map(_running, workers)) and time.monotonic() - killed < 2:
+            time.sleep(0.01)
+        assert not any(map(_running, workers)), [w for w in workers if _running(w)]
+        left = sorted(p.name for p in out.iterdir())
+        time.sleep(3)
+        assert sorted(p.name for p in out.iterdir()) == left
+    finally:
+        for pid in filter(_running, workers):
+            os.kill(pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+    assert len(left) < len(inputs), "the batch ended before the kill: make the inputs larger"
+    assert not [name for name in left if ".obsdelta-tmp-" in name], left  # removed, not swapped in
+    for name in left:
+        if not name.startswith("."):
+            assert verify(out / name).ok

@@ -14,8 +14,16 @@ from typing import Any, ParamSpec, TypeVar
 
 from .. import arrays
 from ..arrays import dtype_name, dtype_of
-from ..atomic import atomic_output, estimate_output_bytes, write_back
-from ..errors import DataError, InputError, ObsdeltaError, UsageError, write_error
+from ..atomic import atomic_output, estimate_output_bytes, no_space, write_back
+from ..errors import (
+    DataError,
+    InputError,
+    NoSpaceError,
+    ObsdeltaError,
+    UsageError,
+    out_of_space,
+    write_error,
+)
 from ..formats import Format, Key, LeafSpec, Pair, Plan, Sink, Source, detect
 from ..formats.base import close_leaves
 from ..formats.leaf import is_data
@@ -131,12 +139,13 @@ def write(
 ) -> None:
     """Create ``output`` as ``plan`` says, atomically; ``fill`` writes it and returns the meta,
     ``check`` re-reads it before it is renamed into place, ``source`` closed by then."""
+    expected = estimate_output_bytes(source, plan)
     try:
         with atomic_output(
             output,
             source=source.path,
             force=force,
-            expected_bytes=estimate_output_bytes(source, plan),
+            expected_bytes=expected,
             replaceable=fmt.name,  # --force replaces only what obsdelta could have written
         ) as tmp:
             sink = fmt.create(tmp, source, plan)
@@ -156,12 +165,16 @@ def write(
                 fmt.close(source)
                 check(tmp)
             writing.join()
-    except ObsdeltaError:
+    except ObsdeltaError as exc:
+        if isinstance(exc, NoSpaceError):  # the temporary is gone: say how much to free
+            raise no_space(output, expected) from None
         raise
     except (OSError, RuntimeError) as exc:
         text = str(exc)
         if isinstance(exc, RuntimeError) and not _IO_FAILURE.search(text):
             raise
+        if out_of_space(exc):
+            raise no_space(output, expected) from None
         raise write_error(getattr(exc, "filename", None) or output, exc) from None
 
 

@@ -15,7 +15,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..atomic import _dead, _remove, atomic_output, check_output, scratch_folder, write_back
+from ..atomic import (
+    _dead,
+    _remove,
+    atomic_output,
+    check_output,
+    full_disk_said,
+    scratch_folder,
+    write_back,
+)
 from ..batch import PACKED_SUFFIX
 from ..errors import ObsdeltaError, UsageError
 from ..formats import FORMATS, detect, disk_size
@@ -66,6 +74,13 @@ def _work_dir(output: Path) -> Path:
     _remove(work)
     work.mkdir()
     return work
+
+
+def _with_working_copy(original: int) -> int:
+    """Bytes ``--pack`` and the inflate of a packed file need at most, for a dataset of
+    ``original`` bytes: the working copy (the inner container) and the output, each at most
+    the original plus 5% (see :func:`..atomic.estimate_output_bytes`)."""
+    return int(original * 2.1) + (1 << 20)
 
 
 def _inner_name(input: Path) -> str:
@@ -126,7 +141,10 @@ def compress_packed(
     input, output = Path(input), Path(output)
     name = _check_packable(input, flat)
     check_output(output, input, force=force)  # refuse early, before any work
-    with atomic_output(output, source=input, force=force, replaceable=NAME) as tmp:
+    with (
+        full_disk_said(output, lambda: _with_working_copy(disk_size(input))),
+        atomic_output(output, source=input, force=force, replaceable=NAME) as tmp,
+    ):
         work = _work_dir(output)
         try:
             inner = work / _inner_name(input)
@@ -205,17 +223,19 @@ def inflate_packed(
         if named_after_input:
             output = output.with_name(unpacked_name(output.name, manifest.source_container))
         check_output(output, input, force=force)
-        work = _work_dir(output)
-        try:
-            inner = work / "inner"
-            unpack(source, manifest, inner)
-            opened = False
-            fmt.close(source)
-            # The inner container's own checks (every leaf, raw chunk, file and attribute as
-            # recorded at compress time) run as it is inflated.
-            result = inflate(inner, output, force=force, chunk_mb=chunk_mb)
-        finally:
-            _remove(work)
+        original = manifest.source_bytes or disk_size(input)
+        with full_disk_said(output, lambda: _with_working_copy(original)):
+            work = _work_dir(output)
+            try:
+                inner = work / "inner"
+                unpack(source, manifest, inner)
+                opened = False
+                fmt.close(source)
+                # The inner container's own checks (every leaf, raw chunk, file and attribute
+                # as recorded at compress time) run as it is inflated.
+                result = inflate(inner, output, force=force, chunk_mb=chunk_mb)
+            finally:
+                _remove(work)
     except ObsdeltaError as exc:
         exc.output = output  # the batch reports where it was to go
         raise

@@ -10,7 +10,8 @@ import numpy as np
 
 from .. import interrupts
 from ..arrays import from_torch, is_tensor, numpy_dtype, torch_dtype
-from .base import ArrayStore, Format, Key, Plan, Sink, Source
+from ..errors import InputError
+from .base import ArrayStore, Format, Key, Plan, Sink, Source, key_str
 from .leaf import FileLeaf
 
 if TYPE_CHECKING:  # tensordict costs seconds to import; HDF5 work never needs it
@@ -55,6 +56,23 @@ def file_leaf(leaf: Any, *, writable: bool = False) -> Any:
     return FileLeaf(filename, numpy_dtype(leaf.dtype), tuple(leaf.shape), writable=writable)
 
 
+def _check_dtype(path: Path, key: Key, leaf: Any) -> None:
+    """Refuse a tensor whose dtype NumPy has no equivalent of (the float8 and other narrow
+    float types, unsigned 16-64 bit integers in older torch): its bytes could not be read,
+    checked or rebuilt exactly."""
+    if not is_tensor(leaf) or leaf.dtype.is_complex:
+        return
+    try:
+        numpy_dtype(leaf.dtype)
+    except (KeyError, TypeError, ValueError):
+        raise InputError(
+            f"dtype {leaf.dtype} has no NumPy equivalent, so obsdelta cannot store it exactly",
+            file=path,
+            key=key_str(key),
+            hint="convert the leaf to a dtype NumPy holds (float8 to float16 is exact) and retry",
+        ) from None
+
+
 def _placeholder(shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
     # A zero-stride tensor: gives the output its shape and dtype without allocating it. Only
     # TensorDict outputs ask for one, and they have imported torch already.
@@ -72,9 +90,12 @@ class TensorDictFormat(Format):
         """A :class:`Source` over ``td``, keeping ``td`` for :meth:`create`. Leaves stored in
         files are read with explicit reads (:class:`FileLeaf`), not through their mapping;
         tensors in memory become arrays sharing their memory."""
+        leaves = leaves_of(td)
+        for key, leaf in leaves.items():
+            _check_dtype(path, key, leaf)
         return Source(
             path=path,
-            leaves={k: file_leaf(v) for k, v in leaves_of(td).items()},
+            leaves={k: file_leaf(v) for k, v in leaves.items()},
             batch_dims=td.batch_dims,
             meta=meta,
             handle=td,

@@ -256,7 +256,10 @@ class TedPt(TensorDictFormat):
             arrays = {name: to_torch(a) for name, a in sink.arrays.collect().items()}
             entry = {"meta": json.dumps(meta), "arrays": arrays}
             td.set_non_tensor(META_KEY, entry)
-        torch.save(td, path)
+        # Through a file object: a failed write is then the system's OSError (ENOSPC, ...),
+        # where torch's own file writer says only "unexpected pos".
+        with path.open("wb") as fh:
+            torch.save(td, fh)
 
     def object_hashes(
         self,
