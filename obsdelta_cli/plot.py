@@ -7,8 +7,9 @@ so in one line.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from .errors import OutputError, UsageError
+from .errors import OutputError, UsageError, size_text
 from .report import DatasetResult
 
 
@@ -28,6 +29,21 @@ def plot_report(result: DatasetResult, path: Path) -> None:
     check_plotting(path)
     import matplotlib.pyplot as plt
 
+    fig = draw_report(result)
+    try:
+        fig.savefig(path, dpi=100, format="png")
+    except OSError as exc:
+        raise OutputError(f"cannot write the plot ({exc.strerror})", file=path) from None
+    finally:
+        plt.close(fig)
+
+
+def draw_report(result: DatasetResult) -> Any:
+    """The figure :func:`plot_report` saves. Sizes are on a log scale, each bar labelled, and
+    each key's title names the codec picked: a 2 KB pick beside 200 KB of raw bytes would be
+    no bar at all on a linear axis."""
+    import matplotlib.pyplot as plt
+
     keys = result.keys or []
     fig, axes = plt.subplots(
         max(1, len(keys)), 2, figsize=(12, 3.2 * max(1, len(keys))), squeeze=False
@@ -44,11 +60,17 @@ def plot_report(result: DatasetResult, path: Path) -> None:
                 key.bytes_after,
             ]
         )
-        colors = ["#999999", *["#d62728" if n == key.auto_pick else "#1f77b4" for n in names[1:]]]
-        sizes.bar(names, [v / 1e6 for v in values], color=colors)
-        sizes.set_ylabel("MB")
+        pick = key.auto_pick or key.codec
+        colors = ["#999999", *["#d62728" if n == pick else "#1f77b4" for n in names[1:]]]
+        bars = sizes.bar(names, [max(v, 1) for v in values], color=colors)
+        sizes.bar_label(bars, labels=[size_text(v) for v in values], fontsize="small")
+        sizes.set_yscale("log")
+        sizes.set_ylabel("bytes (log scale)")
+        picked = next((v for n, v in zip(names, values, strict=True) if n == pick), None)
+        shown = f"{pick} ({size_text(picked)})" if picked is not None else pick
         sizes.set_title(
-            f"{key.key} ({key.dtype}, {'x'.join(map(str, key.shape))}): size, red: auto"
+            f"{key.key} ({key.dtype}, {'x'.join(map(str, key.shape))}): size; "
+            f"picked, in red: {shown}"
         )
         plotted = False
         for c in options:
@@ -75,9 +97,4 @@ def plot_report(result: DatasetResult, path: Path) -> None:
         axes[0][0].text(0.5, 0.5, result.note or "no keys", ha="center", wrap=True)
     fig.suptitle(f"{result.input} ({result.format})")
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=100, format="png")
-    except OSError as exc:
-        raise OutputError(f"cannot write the plot ({exc.strerror})", file=path) from None
-    finally:
-        plt.close(fig)
+    return fig

@@ -129,3 +129,28 @@ def test_the_input_count_is_reported_per_input() -> None:
         for _ in range(3):
             rec.advance(task, 1)
     assert rec.events == [("task", "inputs", 3)] + [("advance", 0, 1)] * 3
+
+
+def test_the_plot_shows_the_codec_it_picks() -> None:
+    """A pick of a few KB beside raw bytes of hundreds: sizes on a log scale, every bar
+    labelled, and the title names the pick (on a linear MB axis it was no bar at all)."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from obsdelta_cli import report
+    from obsdelta_cli.plot import draw_report
+
+    result = report(SAMPLE / "hopper_d4rl.hdf5")
+    (key,) = result.keys
+    assert key.auto_pick == "exact" and key.bytes_before / 100 > min(
+        c.bytes_after for c in key.candidates or []
+    )
+    fig = draw_report(result)
+    try:
+        sizes = fig.axes[0]
+        assert sizes.get_yscale() == "log"
+        assert "picked, in red: exact (1.8 KB)" in sizes.get_title()
+        labels = [t.get_text() for t in sizes.texts]
+        assert "1.8 KB" in labels and "214.8 KB" in labels
+    finally:
+        plt.close(fig)
