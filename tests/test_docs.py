@@ -34,6 +34,9 @@ def test_the_site_builds_without_warnings(tmp_path: Path) -> None:
         assert f"obsdelta {command}" in cli  # the reference is generated from the app
     api = (tmp_path / "html" / "api.html").read_text()
     assert "open_dataset" in api and "ObsdeltaStorage" in api
+    # The performance figures are the benchmark's own output, machine and date included.
+    results = (tmp_path / "html" / "benchmark-results.html").read_text()
+    assert "Machine:" in results and "Date:" in results
 
 
 def test_every_docs_example_is_a_tested_readme_example() -> None:
