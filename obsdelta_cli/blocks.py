@@ -74,13 +74,70 @@ def digests(rows: Any, block: int) -> str:
     return "".join(out)
 
 
-def leaf_digests(leaves: Mapping[str, Any], batch_dims: int, block_bytes: int) -> dict[str, str]:
-    """The block digests of every leaf (flat over ``batch_dims``), by name."""
+def leaf_digests(
+    leaves: Mapping[str, Any],
+    batch_dims: int,
+    block_bytes: int,
+    fed: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The block digests of every leaf (flat over ``batch_dims``), by name; those in ``fed``
+    (from a :class:`BlockFeed` the encoding pass fed as it read them) are not read again."""
+    fed = fed or {}
     out = {}
     for name, leaf in leaves.items():
+        if name in fed:
+            out[name] = fed[name]
+            continue
         rows = as_rows(leaf, batch_dims)
         out[name] = digests(rows, block_rows(rows.shape, rows.dtype, block_bytes))
     return out
+
+
+class BlockFeed:
+    """The block digests of a leaf's flat rows fed in order, as :func:`digests` gives them,
+    so that a pass reading the rows anyway needs no second read for them.
+
+    >>> rows = np.arange(10, dtype=np.int64).reshape(5, 2)
+    >>> feed = BlockFeed(rows.shape, rows.dtype, 32)
+    >>> feed.update(rows[:3]); feed.update(rows[3:])
+    >>> feed.result() == digests(rows, 2)
+    True
+    """
+
+    def __init__(self, shape: Sequence[int], dtype: np.dtype, block_bytes: int) -> None:
+        self.total, self.dtype = int(shape[0]), np.dtype(dtype)
+        self.block = block_rows(shape, dtype, block_bytes)
+        self.held: list[np.ndarray] = []
+        self.count = 0
+        self.fed = 0
+        self.out: list[str] = []
+
+    def update(self, rows: np.ndarray) -> None:
+        """The next rows, in order."""
+        if self.fed < 0 or rows.dtype != self.dtype:
+            self.fed = -1  # read as another dtype than readers get: not these bytes
+            return
+        self.fed += len(rows)
+        # A copy: the pass reuses its buffers once the next chunk is read.
+        self.held.append(np.array(rows, copy=True))
+        self.count += len(rows)
+        if self.count >= self.block:
+            whole = np.concatenate(self.held) if len(self.held) > 1 else self.held[0]
+            cut = len(whole) - len(whole) % self.block
+            self.out.extend(
+                _digest(whole[at : at + self.block]) for at in range(0, cut, self.block)
+            )
+            rest = whole[cut:]
+            self.held, self.count = ([rest] if len(rest) else []), len(rest)
+
+    def result(self) -> str | None:
+        """The digests, if every row was fed (else ``None``: read them from the leaf)."""
+        if self.fed != self.total:
+            return None
+        if self.held:
+            self.out.append(_digest(np.concatenate(self.held)))
+            self.held, self.count = [], 0
+        return "".join(self.out)
 
 
 class CheckedRows:

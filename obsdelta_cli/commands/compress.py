@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..blocks import BLOCK_BYTES, leaf_digests
+from ..blocks import BLOCK_BYTES, BlockFeed, leaf_digests
 from ..checksum import Hasher
 from ..codecs import AUTO, DEFAULT_CODEC, Codec, make_codec
 from ..errors import DataError, InputError, UsageError
@@ -359,6 +359,15 @@ def _writer(
                 copied[key_str(k)] = digest
 
         records: list[KeyRecord] = []
+        # Block checksums of the observations, taken as the pass reads them (one batch
+        # dimension: the pass's rows are then the readers' rows), not in a second read.
+        feeds: dict[Key, BlockFeed] = {}
+        if source.batch_dims == 1:
+            for key, _c, _cands in plans:
+                for p in key.pairs:
+                    leaf = source.leaves[p.obs_key]
+                    if p.obs_key not in new and is_data(leaf):
+                        feeds[p.obs_key] = BlockFeed(leaf.shape, leaf.dtype, BLOCK_BYTES)
 
         def encode_key(key: KeyGroup, c: Codec | None, cands: list[Candidate] | None) -> None:
             if c is None:
@@ -379,8 +388,9 @@ def _writer(
                     if p.obs_key in fused:
                         copy = (sink.leaves[p.obs_key], fused[p.obs_key])
                     stats, hashes = encode_pair(
-                        stream, source, p, c, bound, sink, pieces, HASH_ALGORITHM, later, copy
-                    )
+                        stream, source, p, c, bound, sink, pieces, HASH_ALGORITHM, later, copy,
+                        feed=feeds.get(p.obs_key),
+                    )  # fmt: skip
                     if copy is not None and not sink.copied:
                         checksums[key_str(p.obs_key)] = copy[1].hex
                     if not exceptions and stats.exception_rows:
@@ -411,17 +421,24 @@ def _writer(
             for key, c, cands in plans:
                 encode_key(key, c, cands)
         checksums = {**copied, **checksums}  # in the order of the leaves, as listed
-        # Every stored leaf hashed in blocks, as written: those kept unchanged from the input.
-        stored = {key_str(k): sink.leaves[k] if k in new else source.leaves[k] for k in order}
-        blocks = leaf_digests(
-            {k: v for k, v in stored.items() if is_data(v)}, source.batch_dims, BLOCK_BYTES
-        )
         # Objects the container copies whole (HDF5) or keeps beside the leaves (folders),
-        # hashed as the output has them.
+        # hashed as the output has them (every copy is then done).
         deltas = {key_str(k) for k in new}
         handle = source.handle
         in_source = (lambda n: n in handle) if sink.copied else (lambda n: True)
         objects = fmt.object_hashes(sink, object_skip(deltas, in_source))
+        # Every stored leaf hashed in blocks, as the output holds it: read back from the
+        # output just written (in memory still), not from the input a second time, but for
+        # the observations, whose blocks the pass took as it read them.
+        fed = {key_str(k): r for k, f in feeds.items() if (r := f.result()) is not None}
+        stored = {}
+        for k in order:
+            leaf = fmt.written_leaf(sink, k) if key_str(k) not in fed else None
+            readable = leaf is not None and getattr(leaf, "readable", True)
+            stored[key_str(k)] = leaf if readable else source.leaves[k]
+        blocks = leaf_digests(
+            {k: v for k, v in stored.items() if is_data(v)}, source.batch_dims, BLOCK_BYTES, fed
+        )
         manifest = Manifest(
             container=fmt.name,
             batch_dims=source.batch_dims,

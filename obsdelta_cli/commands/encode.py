@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..blocks import BlockFeed
 from ..checksum import Hasher
 from ..codecs import Codec
 from ..formats import ArrayStore, Pair, Sink, Source
@@ -129,6 +130,7 @@ def encode_pair(
     algorithm: str,
     later: Behind,
     copy: tuple[Any, Hasher] | None = None,
+    feed: BlockFeed | None = None,
 ) -> tuple[ErrorStats, dict[str, str]]:
     """Write ``pair``'s stored leaf and append its exception rows to ``exceptions`` (index,
     rows); return the figures and the hashes of the original next observations, of what the
@@ -138,7 +140,8 @@ def encode_pair(
     exception pieces use the same one, so the container sees every write in program order.
 
     ``copy`` (the output's observation leaf and a hasher) copies the observations in the same
-    pass, which reads them anyway: every row, so only where all rows are valid."""
+    pass, which reads them anyway: every row, so only where all rows are valid. ``feed``
+    takes the observations' block checksums in the same pass, for the same reason."""
     has_leaf = codec.stored_dtype(source.leaves[pair.obs_key].dtype) is not None
     dst = stream.flat(sink.leaves[pair.delta_key]) if has_leaf else None
     hashers = {name: Hasher(algorithm) for name in HASH_NAMES}
@@ -153,6 +156,8 @@ def encode_pair(
         if copying is not None:
             later(copying[0].__setitem__, sl, o)
             copying[1].update(o)
+        if feed is not None:
+            feed.update(o)
         c = code_chunk(codec, o, n, succ, bound)
         if c.bad.size:
             at, values = c.bad + sl.start, n[c.bad]

@@ -274,6 +274,12 @@ class Format(ABC):
         :meth:`object_hashes` in ``known``, so they are not decoded twice. Default: none."""
         return {}
 
+    def written_leaf(self, sink: Sink, key: Key) -> Any | None:
+        """Leaf ``key`` as the output being written holds it, once its objects are hashed
+        (every copy done), to read what was stored; ``None`` where the sink has no such leaf.
+        Default: the sink's own leaves."""
+        return sink.leaves.get(key)
+
     def bookkeeping(self, source: Source, removed: list[Key]) -> int:
         """Bytes besides their values that leave the container with the ``removed`` leaves
         (HDF5 object headers and emptied groups), for size estimates. Default: none."""

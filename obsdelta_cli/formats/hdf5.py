@@ -235,6 +235,15 @@ class HDF5Format(Format):
         super().close(source)
         source.handle.close()
 
+    def written_leaf(self, sink: Sink, key: Key) -> Any | None:
+        # Datasets copied whole (by HDF5 or the kernel) are not among the sink's leaves.
+        leaf = sink.leaves.get(key)
+        out: h5py.File = sink.handle
+        if leaf is None and key_str(key) in out:
+            ds = out[key_str(key)]
+            leaf = H5Leaf(ds, Path(out.filename)) if isinstance(ds, h5py.Dataset) else None
+        return leaf
+
     def object_hashes(
         self,
         opened: Source | Sink,

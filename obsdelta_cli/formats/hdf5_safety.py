@@ -304,6 +304,8 @@ def _unstored_bytes(dsid: Any, dcpl: Any) -> int:
     """Bytes of dataset ``dsid`` HDF5 would make up from its fill value: its chunks never
     written, or all of it if its contiguous storage was never allocated. Counted from the
     chunk index and the declared shape; no data is read."""
+    if dsid.shape is None:  # empty (null dataspace): nothing declared
+        return 0
     item = dsid.get_type().get_size()
     layout = dcpl.get_layout()
     if layout == h5py.h5d.CHUNKED:

@@ -28,6 +28,9 @@ class LazyLeaf(ABC):
 
     shape: tuple[int, ...]
     dtype: np.dtype
+    #: Whether its rows can be read back (a leaf whose rows go straight into a packed file
+    #: cannot).
+    readable: bool = True
 
     @property
     def changes_values(self) -> str | None:

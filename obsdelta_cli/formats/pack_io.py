@@ -236,6 +236,8 @@ class Leaf(LazyLeaf):
     """A leaf of a folder inner container whose rows go to a :class:`DatasetWriter` (see
     :class:`Early`): written, never read."""
 
+    readable = False
+
     def __init__(self, writer: DatasetWriter) -> None:
         self.writer, self.shape, self.dtype = writer, writer.shape, writer.dtype
 
