@@ -191,7 +191,9 @@ def select_pairs(
     observations = [p for p in candidates if is_observation(p.obs_key)]
     pairs = [p for p in observations if pair_problem(source, p, eligible) is None]
     if pairs and with_twins:
-        others = [p for p in candidates if p not in observations]
+        # By identity: comparing pairs field by field is quadratic in files of many episodes.
+        seen = {id(p) for p in observations}
+        others = [p for p in candidates if id(p) not in seen]
         pairs += [
             p
             for p in others

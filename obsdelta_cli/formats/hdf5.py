@@ -45,6 +45,7 @@ from .hdf5_leaves import (
     h5_file,
     leaf_dtype,
     leaves_of,
+    object_at,
 )
 from .hdf5_meta import read_meta, write_meta
 from .hdf5_objects import hash_objects, hash_objects_apart, header_bytes
@@ -239,8 +240,8 @@ class HDF5Format(Format):
         # Datasets copied whole (by HDF5 or the kernel) are not among the sink's leaves.
         leaf = sink.leaves.get(key)
         out: h5py.File = sink.handle
-        if leaf is None and key_str(key) in out:
-            ds = out[key_str(key)]
+        if leaf is None:
+            ds = out.get(key_str(key))  # one open, where a test of the name first made two
             leaf = H5Leaf(ds, Path(out.filename)) if isinstance(ds, h5py.Dataset) else None
         return leaf
 
@@ -301,7 +302,7 @@ class HDF5Format(Format):
         copies = _COPIES[id(out)] = RawCopies(source.path, out, fd)
         # The plan streams only what this copy leaves to the encoding pass (see streams()).
         streamed = {key_str(k): source.leaves[k].dtype for k in plan.streamed}
-        _copy_tree(src, out, rule, copies, streamed)
+        _copy_tree(src, out, rule, copies, streamed, top=src)
         passed = copies.start()
         compression = plan.options.get("h5_compression")
         kwargs = compression_kwargs(compression) if compression else None
@@ -536,14 +537,21 @@ def _copy_tree(
     copies: RawCopies,
     streamed: dict[str, np.dtype],
     relinks: Relinks | None = None,
+    *,
+    top: h5py.File,
 ) -> None:
-    """Copy ``src`` into ``dst`` except the datasets ``rule`` drops and obsdelta's own group;
-    large contiguous datasets through ``copies`` (those in ``streamed`` left to the encoding
-    pass), everything else with HDF5's object copy; a second link to an object copied here
-    links to its copy."""
+    """Copy ``src`` (a group of the file ``top``) into ``dst`` except the datasets ``rule``
+    drops and obsdelta's own group; large contiguous datasets through ``copies`` (those in
+    ``streamed`` left to the encoding pass), everything else with HDF5's object copy; a second
+    link to an object copied here links to its copy."""
     relinks = Relinks() if relinks is None else relinks
-    for name, obj in src.items():
-        path = obj.name.lstrip("/")
+    prefix = src.name.strip("/")
+    for name in src:
+        # The source's objects as its walk holds them open: items() would open each again.
+        path = f"{prefix}/{name}" if prefix else name
+        obj = object_at(top, path) if path != OWN else None
+        if obj is None:  # obsdelta's own group, or a second hard link (walked by its first)
+            obj = src[name]
         if path == OWN or path in rule.dropped or relinks.relinked(obj, dst, name):
             continue
         if isinstance(obj, h5py.Group) and rule.rewritten(obj):
@@ -551,7 +559,7 @@ def _copy_tree(
                 h5py.h5g.create(dst.id, name.encode(), gcpl=obj.id.get_create_plist())
             )
             copy_attrs(obj, group)
-            _copy_tree(obj, group, rule, copies, streamed, relinks)
+            _copy_tree(obj, group, rule, copies, streamed, relinks, top=top)
             if not len(group) and not len(group.attrs) and len(obj):
                 del dst[name]  # emptied by the rewrite, and nothing else to keep
         elif isinstance(obj, h5py.Dataset) and rule.copied_raw(obj):
