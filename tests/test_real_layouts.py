@@ -555,3 +555,29 @@ def test_robomimic_full_size_images_exact_near_the_floor(tmp_path: Path) -> None
     inflate(small, tmp_path / "back.hdf5")
     assert _h5_bytes(tmp_path / "back.hdf5") == _h5_bytes(src)
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["compressed", "packed"])
+def test_torchrl_dataset_classes_never_build_another_cache(
+    real: dict[str, Path], minari_real: dict[str, Path], tmp_path: Path, pack: bool
+) -> None:
+    """TorchRL's D4RLExperienceReplay (D4RL file) and MinariExperienceReplay
+    (``main_data.hdf5``) take every root object of the file for data, obsdelta's own group
+    included, and a compressed D4RL file has no ``next_observations`` to take: on a compressed
+    or packed file they fail (the documented answer is ``inflate``, or compressing TorchRL's
+    cache instead), and never build a cache that differs from the original's."""
+    d4rl = tmp_path / "hopper.hdf5"
+    compress(real["d4rl"], d4rl, pack=pack)
+    with pytest.raises(Exception):  # noqa: B017 - TorchRL's own error, whichever it is
+        R.write_torchrl_d4rl_cache(d4rl, tmp_path / "d4rl-cache", DATASET_ID)
+    if pack:  # compress leaves a Minari file alone: it stores each observation once
+        src = minari_real["minari"]
+        root = src.parents[3]  # MINARI_DATASETS_PATH/hopper/random-v0/data/main_data.hdf5
+        datasets = tmp_path / "datasets"
+        shutil.copytree(root, datasets)
+        main = datasets / src.relative_to(root)
+        R.write_torchrl_minari_cache(datasets, tmp_path / "control", MINARI_ID)  # the copy reads
+        main.unlink()
+        compress(src, main, pack=True)
+        with pytest.raises(Exception):  # noqa: B017
+            R.write_torchrl_minari_cache(datasets, tmp_path / "minari-cache", MINARI_ID)
