@@ -636,14 +636,15 @@ def test_rows_given_in_any_blocks_are_stored_as_a_whole_pass_stores_them(
     """A leaf written row block by row block (the blocks of a pass, not the chunks) is stored
     chunk for chunk as packing it whole stores it, with the same entry."""
     module = importlib.import_module("obsdelta_cli.formats.pack_io")
+    writers = importlib.import_module("obsdelta_cli.formats.pack_writer")
     rows = np.random.default_rng(0).integers(0, 4, (1003, 21, 16), dtype=np.uint8).cumsum(0)
     rows = rows.astype(np.uint8)
     leaf = FileLeaf(_raw(tmp_path / "frames.memmap", rows), rows.dtype, rows.shape)
     try:
         with module.packed_output(tmp_path / "whole.h5") as f:
-            whole = module.pack_leaf(leaf, ("frames",), f, module.Chooser())
+            whole = writers.pack_leaf(leaf, ("frames",), f, writers.Chooser())
         with module.packed_output(tmp_path / "blocks.h5") as f:
-            early = module.Early(f, module.Chooser())
+            early = writers.Early(f, writers.Chooser())
             writer = early(("frames",), leaf)
             for start in range(0, len(rows), block):
                 writer.write(start, rows[start : start + block])

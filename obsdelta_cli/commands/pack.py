@@ -30,7 +30,9 @@ from ..formats import FORMATS, detect, disk_size
 from ..formats.hdf5 import HDF5Format
 from ..formats.hdf5_leaves import h5_file
 from ..formats.pack_flat import largest_family
-from ..formats.pack_io import Chooser, Early, pack, pack_into, packed_output, unpack
+from ..formats.pack_io import pack, pack_into, packed_output
+from ..formats.pack_unpack import unpack
+from ..formats.pack_writer import Chooser, Early
 from ..formats.packed import NAME
 from ..report import DatasetResult
 from .common import DEFAULT_CHUNK_MB, manifest_of, open_input

@@ -159,7 +159,7 @@ class Plan:
     streamed: frozenset[Key] = frozenset()
     #: ``compress --pack``: called with a kept leaf's key and its input leaf, the leaf to write
     #: it to instead of the output's own file (which a folder then leaves empty), or ``None``
-    #: (see :class:`~obsdelta_cli.formats.pack_io.Early`).
+    #: (see :class:`~obsdelta_cli.formats.pack_writer.Early`).
     divert: Callable[[Key, Any], Any] | None = None
 
 

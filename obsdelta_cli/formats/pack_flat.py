@@ -55,15 +55,8 @@ from .hdf5_leaves import (
 from .hdf5_safety import check_contained, damaged_pack
 from .leaf import LazyLeaf
 from .pack_columns import plan_columns, write_virtual
-from .pack_io import (
-    Chooser,
-    DatasetWriter,
-    _absent_chunks,
-    _repacked,
-    _write_kept,
-    copy_structure,
-    write_bytes,
-)
+from .pack_io import _absent_chunks, _repacked, _write_kept, copy_structure
+from .pack_writer import Chooser, DatasetWriter, write_bytes
 from .packed import PACK, byte_blocks, repacked_leaf
 
 #: The families' datasets.

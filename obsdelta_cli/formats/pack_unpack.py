@@ -1,0 +1,204 @@
+"""Unpacking a packed file back to its inner container: a folder file for file, an HDF5 file
+object for object with each dataset's original creation properties, so that its own checks
+(raw chunks and attributes, as recorded at compress time) pass again."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from ..manifest import Manifest
+from .base import Source, write_sidecar
+from .hdf5 import (
+    ALLOC_TIMES,
+    copy_attrs,
+    create_dataset,
+    dcpl_like,
+)
+from .hdf5_copy import Relinks, copy_object, copy_values
+from .hdf5_leaves import (
+    LAYOUT_TWINS,
+    META_ATTR,
+    OWN,
+)
+from .hdf5_meta import MANIFEST, write_meta
+from .hdf5_objects import hash_objects_apart
+from .hdf5_safety import damaged_pack, reading_pack
+from .pack_io import group_like, h5_output, inner_manifest
+from .pack_writer import BLOCK_BYTES, stored_rows
+from .packed import (
+    COMMAND_CACHE_BYTES,
+    PACK,
+    TRANSFORM_ATTR,
+    file_bytes,
+    pack_info,
+    repacked_leaf,
+)
+
+
+def _safe_rel(rel: Any, file: Path) -> Path:
+    """A relative path from the manifest, refused if it would leave the output folder."""
+    parts = str(rel).split("/") if isinstance(rel, str) else []
+    if not parts or any(p in ("", ".", "..") or "\0" in p for p in parts):
+        raise damaged_pack(file, f"the packed file names an unsafe path ({rel!r})")
+    return Path(*parts)
+
+
+def unpack(packed: Source, manifest: Manifest, out: Path) -> None:
+    """Write the inner container of the opened packed file ``packed`` to ``out``."""
+    info = pack_info(packed.meta or {}, packed.path)
+    inner = inner_manifest(manifest, packed.path)
+    if info["kind"] == "folder":
+        _unpack_folder(packed, info, inner, out)
+    elif info["kind"] == "pt":
+        from .pack_pt import unpack_pt
+
+        unpack_pt(packed, info, out)
+    else:
+        _unpack_hdf5(packed, info, inner, out)
+
+
+def _copy_rows(leaf: Any, rows: int, write: Callable[[int, np.ndarray], None], step: int) -> None:
+    for start in range(0, rows, step):
+        write(start, stored_rows(leaf.read(start, min(rows, start + step))))
+
+
+def _unpack_folder(packed: Source, info: dict[str, Any], inner: Manifest, out: Path) -> None:
+    f: h5py.File = packed.handle
+    out.mkdir()
+    for rel in info["dirs"]:
+        (out / _safe_rel(rel, packed.path)).mkdir(parents=True, exist_ok=True)
+    for i, rel in enumerate(info["files"]):
+        (out / _safe_rel(rel, packed.path)).write_bytes(file_bytes(f, i, packed.path))
+    for entry in info["leaves"]:
+        if entry.get("kind") != "data":
+            continue
+        leaf = packed.leaves[tuple(entry["key"])]
+        target = out / _safe_rel(entry.get("file"), packed.path)
+        row_bytes = max(1, math.prod(leaf.shape[1:]) * leaf.dtype.itemsize)
+        with target.open("wb") as fh:
+
+            def put(start: int, block: np.ndarray, fh: Any = fh) -> None:
+                fh.write(np.ascontiguousarray(block).tobytes())
+
+            _copy_rows(leaf, leaf.shape[0], put, max(1, BLOCK_BYTES // row_bytes))
+    write_sidecar(out, inner.to_json())
+
+
+def _check_kept(packed: Source, datasets: dict[str, Any], inner: Manifest) -> None:
+    """The objects unpacking copies whole (those not repacked), checked against the inner
+    container's record before HDF5 is asked to copy them, as inflate checks what it copies:
+    HDF5 can crash on a damaged object it copies."""
+    # Read from the file the objects are in: a flat packed file's skeleton is apart.
+    with reading_pack(packed.path):
+        held = Path(packed.handle.filename)
+        found = hash_objects_apart(
+            packed.handle, held, lambda name: name in datasets, copied_from=inner.objects
+        )
+    differing = inner.object_differing(found, all_recorded=False)
+    if differing is not None:
+        name, recorded, _ = differing
+        what = "is not in its record" if recorded is None else "does not match its hash"
+        raise damaged_pack(packed.path, f"object {name or '/'} {what}")
+
+
+def _unpack_hdf5(packed: Source, info: dict[str, Any], inner: Manifest, out: Path) -> None:
+    src: h5py.File = packed.handle
+    if inner.objects:  # recorded by format 2 on
+        _check_kept(packed, info["datasets"], inner)
+    libver = info.get("libver")
+    with (
+        h5_output(out, tuple(libver) if isinstance(libver, list) else None) as f,
+        reading_pack(packed.path),
+    ):
+        copy_attrs(src, f)
+        if META_ATTR in f.attrs:  # a flat packed file's skeleton has none
+            del f.attrs[META_ATTR]
+        _unpack_group(packed, src, f, info["datasets"])
+        if OWN in f and not len(f[OWN]):
+            del f[OWN]
+        write_meta(f, inner.to_json())
+
+
+def _unpack_group(
+    packed: Source,
+    group: h5py.Group,
+    dst: h5py.Group,
+    datasets: dict[str, Any],
+    relinks: Relinks | None = None,
+) -> None:
+    relinks = Relinks() if relinks is None else relinks
+    for name, obj in group.items():
+        path = obj.name.lstrip("/")
+        if path in (PACK, MANIFEST) or relinks.relinked(obj, dst, name):
+            continue
+        if isinstance(obj, h5py.Group):
+            _unpack_group(packed, obj, group_like(obj, dst, name), datasets, relinks)
+        elif path in datasets:
+            _restore(packed, obj, dst, name, path, datasets[path])
+        elif path.startswith(f"{OWN}/") and not isinstance(obj, h5py.Dataset):
+            # obsdelta's own objects are groups and datasets: anything else is a damaged
+            # header, which HDF5's object copy met with a crash.
+            raise damaged_pack(packed.path, f"obsdelta's object {path} is not a dataset")
+        elif path.startswith(f"{OWN}/arrays/"):
+            # Not an object copy: HDF5 reads the attribute's string through a heap address,
+            # which damage turned into a crash; the values are checked against the rows'
+            # hashes as inflate reads them, and the manifest gives the dtype.
+            copy_values(obj, dst, name)
+        else:
+            copy_object(group, obj, dst, name)
+
+
+def _restore(
+    packed: Source, ds: h5py.Dataset, dst: h5py.Group, name: str, path: str, entry: Any
+) -> None:
+    """Recreate a repacked dataset with its original creation properties and values (those of
+    a flat packed file's member: its twin in the skeleton, and its rows of its family)."""
+    flat = packed.memo.get("flat")
+    twin = ds if flat is not None else packed.handle.get(f"{LAYOUT_TWINS}/{path}")
+    if not isinstance(twin, h5py.Dataset) or twin.shape != ds.shape or twin.dtype != ds.dtype:
+        raise damaged_pack(packed.path, f"the original layout of {path} is missing")
+    dcpl = dcpl_like(twin.id.get_create_plist(), True)
+    if entry.get("alloc_time") in ALLOC_TIMES:
+        dcpl.set_alloc_time(entry["alloc_time"])
+    new = create_dataset(dst, name, twin.dtype, twin.shape, twin.maxshape, dcpl)
+    for attr in ds.attrs:
+        if attr != TRANSFORM_ATTR:
+            new.attrs.create(attr, ds.attrs[attr], dtype=ds.attrs.get_id(attr).dtype)
+    if flat is not None:
+        leaf = flat.leaf(ds, path)
+    else:
+        leaf = repacked_leaf(packed.handle, packed.path, path, entry, COMMAND_CACHE_BYTES)
+    absent = entry.get("absent")
+    if absent == []:
+        return  # never written: no storage, as the original
+    if absent:
+        # Only the chunks the original had: a chunk never written stays unallocated.
+        skip = {tuple(o) for o in absent}
+        chunks = new.chunks or ()
+        grid = np.stack(
+            np.meshgrid(*[np.arange(0, n, c) for n, c in zip(new.shape, chunks, strict=True)]),
+            -1,
+        ).reshape(-1, new.ndim)
+        for o in grid:
+            if tuple(int(x) for x in o) in skip:
+                continue
+            sel = tuple(
+                slice(int(a), min(n, int(a) + c))
+                for a, n, c in zip(o, new.shape, chunks, strict=True)
+            )
+            new[sel] = stored_rows(leaf.read(sel[0].start, sel[0].stop))[(slice(None), *sel[1:])]
+        return
+    per = new.chunks[0] if new.chunks else 1
+    row_bytes = max(1, math.prod(new.shape[1:]) * new.dtype.itemsize)
+    step = per * max(1, BLOCK_BYTES // max(1, per * row_bytes))
+
+    def put(start: int, block: np.ndarray) -> None:
+        new[start : start + len(block)] = block.view(new.dtype)
+
+    _copy_rows(leaf, new.shape[0], put, step)
