@@ -20,6 +20,7 @@ from h5py._objects import phil
 from ..arrays import BFLOAT16, DTYPES, dtype_name
 from ..errors import InputError
 from .base import ArrayStore, Key
+from .chunk_cache import BandReads, ChunkCache
 from .direct import ColdReads
 from .hdf5_chunks import DirectChunks
 from .hdf5_safety import scale_offset
@@ -213,6 +214,8 @@ class H5Leaf(LazyLeaf):
         self._mapped: np.ndarray | bool | None = None
         self._offset: int | bool | None = None
         self._chunked: DirectChunks | bool | None = None
+        #: Decoded bands kept for random reads (:meth:`keep_decoded`); ``None``: none kept.
+        self.bands: BandReads | None = None
         # ``ds.file`` makes a new h5py File object, under h5py's lock, per call: asked once.
         self._reads = reads or FileReads(file, ds.file.mode == "r")
         if self._held is not None:
@@ -246,7 +249,26 @@ class H5Leaf(LazyLeaf):
             return "is stored with HDF5's scale-offset filter, which rounds"
         return None
 
+    def keep_decoded(self, cache_bytes: int) -> bool:
+        """Keep up to ``cache_bytes`` of decoded chunks for random reads (training), where
+        the dataset is filtered (each read decodes whole chunks): whether it now does. A
+        scale-offset dataset is left to HDF5 (see :func:`~.hdf5_safety.scale_offset`)."""
+        if not self._filterable or cache_bytes <= 0:
+            return False
+        dcpl = self.ds.id.get_create_plist()
+        if not dcpl.get_nfilters() or scale_offset(dcpl):
+            return False
+        cache = ChunkCache(cache_bytes)
+        self.bands = BandReads(self.shape[0], self.chunk_rows, self._read_stored, cache)
+        return True
+
     def read(self, start: int, stop: int) -> np.ndarray:
+        if self.bands is not None:
+            return self.bands.read(start, stop)
+        return self._read_stored(start, stop)
+
+    def _read_stored(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` as stored, nothing kept."""
         raw = self._raw_rows(start, stop)
         if raw is not None:
             return raw
@@ -318,6 +340,8 @@ class H5Leaf(LazyLeaf):
 
     def select(self, rows: np.ndarray) -> np.ndarray:
         """Rows ``rows`` (sorted, distinct) in one read."""
+        if self.bands is not None:
+            return self.bands.select(rows)
         return self._typed(read_rows(self.ds, rows, self.file, f"{len(rows)} rows"))
 
     def write(self, start: int, value: np.ndarray) -> None:
