@@ -28,7 +28,7 @@ TORCHRL = importlib.util.find_spec("torchrl") is not None
 D4RL_KEYS = {name[0]: key for name, key in D4RL_NAMES.items()}
 
 
-def _column_chunked_d4rl(td: TensorDictBase, path: Path) -> Path:
+def column_chunked_d4rl(td: TensorDictBase, path: Path) -> Path:
     """The sample rollout in D4RL's layout, every dataset gzip-filtered in chunks of
     ``CHUNK_ROWS`` rows and one column, as h5py chunks a D4RL file of 1 M rows."""
     flat = td.reshape(-1)
@@ -53,7 +53,7 @@ def _column_chunked_d4rl(td: TensorDictBase, path: Path) -> Path:
 @pytest.fixture
 def d4rl_gzip(tmp_path: Path, hopper: TensorDictBase) -> tuple[Path, Path]:
     """The column-chunked D4RL file and its compressed output."""
-    src = _column_chunked_d4rl(hopper, tmp_path / "hopper.hdf5")
+    src = column_chunked_d4rl(hopper, tmp_path / "hopper.hdf5")
     compress(src, tmp_path / "small.hdf5")
     return src, tmp_path / "small.hdf5"
 

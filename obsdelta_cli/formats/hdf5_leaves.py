@@ -39,6 +39,8 @@ LAYOUT_TWINS = f"{OWN}/pack/layout"
 REPLACED_TWINS = f"{OWN}/layout"
 #: Attribute marking a uint16 dataset that holds bfloat16 bits (numpy has no bfloat16).
 BF16_ATTR = "obsdelta_dtype"
+#: Rows a filtered chunk spans at least for random reads to pay off its decode.
+FEW_ROWS = 64
 #: Attribute of obsdelta's opaque arrays: the dtype of their values, by its metadata name.
 ARRAY_DTYPE = "obsdelta_dtype"
 
@@ -248,6 +250,21 @@ class H5Leaf(LazyLeaf):
         if scale_offset(self.ds.id.get_create_plist()):
             return "is stored with HDF5's scale-offset filter, which rounds"
         return None
+
+    def slow_random_rows(self) -> str | None:
+        """How the dataset's chunks make random rows slow to read, or ``None``: filtered
+        chunks of one column (a row decodes one chunk per column), or of fewer than
+        :data:`FEW_ROWS` rows; a dataset of one band of chunks is read once."""
+        chunks = self.ds.chunks if self._filterable else None
+        if (
+            chunks is None
+            or self.shape[0] <= chunks[0]
+            or not self.ds.id.get_create_plist().get_nfilters()
+        ):
+            return None
+        if tuple(chunks[1:]) != self.shape[1:]:
+            return "one column" if math.prod(chunks[1:]) == 1 else "part of a row"
+        return f"{chunks[0]} rows" if chunks[0] < FEW_ROWS else None
 
     def keep_decoded(self, cache_bytes: int) -> bool:
         """Keep up to ``cache_bytes`` of decoded chunks for random reads (training), where
