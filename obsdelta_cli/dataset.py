@@ -46,7 +46,8 @@ if TYPE_CHECKING:  # tensordict costs seconds to import; HDF5 work never needs i
     from tensordict import TensorDictBase
 
 Reader = Callable[[np.ndarray], np.ndarray]
-#: Chunk cache of a packed file, per dataset (decoded chunks of frame-delta datasets included).
+#: Decoded chunks kept per filtered HDF5 dataset, packed file or not (frame-delta datasets of a
+#: packed file included).
 DEFAULT_CACHE_MB = 256
 
 D4RL_NAMES: dict[Key, Key] = {
@@ -368,7 +369,8 @@ def collate(batch: TensorDictBase | list[TensorDictBase]) -> TensorDictBase:
 def open_dataset(path: str | Path, cache_mb: float = DEFAULT_CACHE_MB) -> ObsdeltaDataset:
     """Open any dataset obsdelta reads, compressed or plain, as a lazy ``Dataset``.
 
-    ``cache_mb``: chunk cache of a packed file (``compress --pack``), per dataset.
+    ``cache_mb``: decoded chunks kept for random reads, per filtered HDF5 dataset (a packed
+    file's, or one gzip-chunked as D4RL ships it), the least recently used dropped past it.
 
     ``len(data)`` is the number of transitions; ``data[i]``, ``data[a:b]`` and ``data[tensor]``
     return TensorDicts in the TED layout with ``("next", k)`` rebuilt.

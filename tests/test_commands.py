@@ -530,3 +530,28 @@ def test_a_command_runs_with_one_torch_thread_and_gives_the_count_back(
         assert arrays.torch_threads == preset
     finally:
         torch.set_num_threads(before)
+
+
+def test_report_says_when_a_file_would_train_faster_packed(
+    tmp_path: Path, hopper: TensorDictBase
+) -> None:
+    """One line, for a plain or compressed D4RL file in gzip chunks of one column; none for
+    its packed twin or for a file in chunks of whole rows."""
+    from .test_chunk_cache import column_chunked_d4rl
+
+    src = column_chunked_d4rl(hopper, tmp_path / "hopper.hdf5")
+    compress(src, tmp_path / "small.hdf5")
+    compress(src, tmp_path / "p.h5", pack=True)
+    for path in (src, tmp_path / "small.hdf5"):
+        note = report(path).note or ""
+        assert note.startswith("faster to train with --pack: observations +"), path
+        assert "\n" not in note
+    assert report(tmp_path / "p.h5").note is None
+    whole_rows = tmp_path / "rows.hdf5"
+    with h5py.File(src, "r") as f, h5py.File(whole_rows, "w") as out:
+        for name in ("observations", "next_observations", "actions", "rewards", "terminals"):
+            values = f[name][()]
+            out.create_dataset(
+                name, data=values, chunks=(250, *values.shape[1:]), compression="gzip"
+            )
+    assert report(whole_rows).note is None

@@ -695,7 +695,7 @@ def test_frames_read_in_order_are_decoded_ahead(tmp_path: Path, pong: TensorDict
             assert np.array_equal(leaf.read(i * per, i * per + 1), pixels[i * per].numpy()[None])
         assert decoded == [chunks - 1, 0]
         decoded.clear()
-        leaf._decoded.clear()
+        leaf.cache.clear()
         for start in range(0, leaf.shape[0], per):  # in order
             block = leaf.read(start, start + per)
             assert np.array_equal(block, pixels[start : start + per].numpy())

@@ -26,6 +26,7 @@ from ..errors import (
 )
 from ..formats import Format, Key, LeafSpec, Pair, Plan, Sink, Source, detect
 from ..formats.base import close_leaves
+from ..formats.hdf5 import HDF5Format
 from ..formats.leaf import is_data
 from ..formats.packed import Packed
 from ..manifest import Manifest, parse
@@ -79,7 +80,7 @@ def check_bound(max_abs_error: float | None) -> None:
 
 def open_input(path: Path, *, cache_mb: float | None = None) -> tuple[Format, Source]:
     """Open ``path`` with the adapter its content calls for; ``cache_mb`` sizes the chunk
-    cache of a packed file."""
+    cache of each dataset of an HDF5 file read for training (packed or not)."""
     fmt = detect(path)
     return fmt, open_detected(fmt, path, cache_mb=cache_mb)
 
@@ -87,7 +88,7 @@ def open_input(path: Path, *, cache_mb: float | None = None) -> tuple[Format, So
 def open_detected(fmt: Format, path: Path, *, cache_mb: float | None = None) -> Source:
     """Open ``path`` with ``fmt``, the adapter :func:`detect` chose for it (see
     :func:`open_input`)."""
-    if cache_mb is not None and isinstance(fmt, Packed):
+    if cache_mb is not None and isinstance(fmt, Packed | HDF5Format):
         fmt.cache_bytes = max(0, int(cache_mb * 2**20))
     source = fmt.open(path)
     if source.valid_rows == 0:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ..codecs import AUTO, CODECS, DEFAULT_CODEC, make_codec
 from ..errors import UsageError
-from ..formats import Source, detect, disk_size
+from ..formats import Source, detect, disk_size, key_str
+from ..formats.hdf5_leaves import OWN, H5Leaf
 from ..rebuild import stored_pairs
 from ..report import DatasetResult, KeyResult
 from ..selection import KeyGroup, candidates, check_time_dim, pairs_of
@@ -64,7 +65,11 @@ def report(
             stored = stored_pairs(source, manifest)
             results = recorded_results(source, stored, restored=False)
             before = original_size(manifest, size, results)
-            return DatasetResult("report", str(input), None, fmt.name, True, before, size, results)
+            note = packed_reads_note(source)
+            return DatasetResult(
+                "report", str(input), None, fmt.name, True, before, size, results, note=note
+            )
+        slow = packed_reads_note(source)
         time_dim = check_time_dim(source, time_dim)
         bound = (max_abs_error or 0.0) if codec == AUTO else max_abs_error
         # A dry run shows every codec: lossy ones too, even when the default is lossless.
@@ -105,7 +110,9 @@ def report(
         saved += fmt.bookkeeping(source, removed)
     finally:
         fmt.close(source)
-    result = DatasetResult("report", str(input), None, fmt.name, False, size, size - saved, results)
+    result = DatasetResult(
+        "report", str(input), None, fmt.name, False, size, size - saved, results, note=slow
+    )
     if pack:
         from .pack import flat_hint, predict_packed
 
@@ -117,6 +124,22 @@ def report(
         note += "" if flat else flat_hint(Path(input), fmt.name)
         return replace(result, bytes_after=predicted, note=note)
     return result
+
+
+def packed_reads_note(source: Source) -> str | None:
+    """One line saying that training reads would be faster from ``compress --pack`` output,
+    where the file's datasets are filtered in chunks that make random rows slow to read."""
+    slow: dict[str, list[str]] = {}
+    for key, leaf in source.leaves.items():
+        why = leaf.slow_random_rows() if isinstance(leaf, H5Leaf) else None
+        if why is not None and key[0] != OWN:
+            slow.setdefault(why, []).append(key_str(key))
+    if not slow:
+        return None
+    why, names = max(slow.items(), key=lambda item: len(item[1]))
+    names.sort(key=lambda n: (not n.startswith("observations"), n))
+    shown = names[0] + (f" +{len(names) - 1}" if len(names) > 1 else "")
+    return f"faster to train with --pack: {shown} filtered in chunks of {why}"
 
 
 def _saved_on_disk(source: Source, key: KeyGroup, result: KeyResult) -> int:

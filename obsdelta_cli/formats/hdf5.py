@@ -183,6 +183,9 @@ class HDF5Format(Format):
     options = frozenset({"h5_compression"})
     #: Leading dimensions that index transitions.
     batch_dims = 1
+    #: Decoded chunks kept per filtered dataset for random reads (``open_dataset`` sets it);
+    #: ``None`` for the commands, which read each chunk once, in order.
+    cache_bytes: int | None = None
 
     @classmethod
     def sniff(cls, path: Path) -> bool:
@@ -218,6 +221,9 @@ class HDF5Format(Format):
             unread: dict[Key, str] = {}
             leaves = leaves_of(f, path, unread)
             batch_dims = self.infer_batch_dims(leaves, meta)
+            if self.cache_bytes is not None:
+                for leaf in leaves.values():
+                    leaf.keep_decoded(self.cache_bytes)
         except (RuntimeError, OSError, KeyError) as exc:  # h5py's errors on a damaged file
             f.close()
             raise InputError(

@@ -20,6 +20,7 @@ from h5py._objects import phil
 from ..arrays import BFLOAT16, DTYPES, dtype_name
 from ..errors import InputError
 from .base import ArrayStore, Key
+from .chunk_cache import BandReads, ChunkCache
 from .direct import ColdReads
 from .hdf5_chunks import DirectChunks
 from .hdf5_safety import scale_offset
@@ -38,6 +39,8 @@ LAYOUT_TWINS = f"{OWN}/pack/layout"
 REPLACED_TWINS = f"{OWN}/layout"
 #: Attribute marking a uint16 dataset that holds bfloat16 bits (numpy has no bfloat16).
 BF16_ATTR = "obsdelta_dtype"
+#: Rows a filtered chunk spans at least for random reads to pay off its decode.
+FEW_ROWS = 64
 #: Attribute of obsdelta's opaque arrays: the dtype of their values, by its metadata name.
 ARRAY_DTYPE = "obsdelta_dtype"
 
@@ -213,6 +216,8 @@ class H5Leaf(LazyLeaf):
         self._mapped: np.ndarray | bool | None = None
         self._offset: int | bool | None = None
         self._chunked: DirectChunks | bool | None = None
+        #: Decoded bands kept for random reads (:meth:`keep_decoded`); ``None``: none kept.
+        self.bands: BandReads | None = None
         # ``ds.file`` makes a new h5py File object, under h5py's lock, per call: asked once.
         self._reads = reads or FileReads(file, ds.file.mode == "r")
         if self._held is not None:
@@ -246,7 +251,41 @@ class H5Leaf(LazyLeaf):
             return "is stored with HDF5's scale-offset filter, which rounds"
         return None
 
+    def slow_random_rows(self) -> str | None:
+        """How the dataset's chunks make random rows slow to read, or ``None``: filtered
+        chunks of one column (a row decodes one chunk per column), or of fewer than
+        :data:`FEW_ROWS` rows; a dataset of one band of chunks is read once."""
+        chunks = self.ds.chunks if self._filterable else None
+        if (
+            chunks is None
+            or self.shape[0] <= chunks[0]
+            or not self.ds.id.get_create_plist().get_nfilters()
+        ):
+            return None
+        if tuple(chunks[1:]) != self.shape[1:]:
+            return "one column" if math.prod(chunks[1:]) == 1 else "part of a row"
+        return f"{chunks[0]} rows" if chunks[0] < FEW_ROWS else None
+
+    def keep_decoded(self, cache_bytes: int) -> bool:
+        """Keep up to ``cache_bytes`` of decoded chunks for random reads (training), where
+        the dataset is filtered (each read decodes whole chunks): whether it now does. A
+        scale-offset dataset is left to HDF5 (see :func:`~.hdf5_safety.scale_offset`)."""
+        if not self._filterable or cache_bytes <= 0:
+            return False
+        dcpl = self.ds.id.get_create_plist()
+        if not dcpl.get_nfilters() or scale_offset(dcpl):
+            return False
+        cache = ChunkCache(cache_bytes)
+        self.bands = BandReads(self.shape[0], self.chunk_rows, self._read_stored, cache)
+        return True
+
     def read(self, start: int, stop: int) -> np.ndarray:
+        if self.bands is not None:
+            return self.bands.read(start, stop)
+        return self._read_stored(start, stop)
+
+    def _read_stored(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` as stored, nothing kept."""
         raw = self._raw_rows(start, stop)
         if raw is not None:
             return raw
@@ -318,6 +357,8 @@ class H5Leaf(LazyLeaf):
 
     def select(self, rows: np.ndarray) -> np.ndarray:
         """Rows ``rows`` (sorted, distinct) in one read."""
+        if self.bands is not None:
+            return self.bands.select(rows)
         return self._typed(read_rows(self.ds, rows, self.file, f"{len(rows)} rows"))
 
     def write(self, start: int, value: np.ndarray) -> None:

@@ -29,7 +29,6 @@ The manifest is the inner dataset's, with ``format`` ``packed-hdf5`` and a ``pac
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from ..arrays import BFLOAT16, DTYPES, sorted_distinct
 from ..errors import InputError, UsageError
 from ..filters import FRAME_DELTA, plugins, undo_frame_delta
 from .base import SIDECAR, ArrayStore, Format, Key, Plan, Sink, Source, key_str
+from .chunk_cache import ChunkCache
 from .hdf5 import is_hdf5
 from .hdf5_chunks import AHEAD, DirectChunks
 from .hdf5_leaves import (
@@ -112,9 +112,8 @@ class PackedLeaf(LazyLeaf):
         self.shape = tuple(ds.shape)
         self.dtype = np.dtype(np.uint8)
         self.chunk_rows = ds.chunks[0] if ds.chunks else max(1, self.shape[0])
-        chunk_bytes = self.chunk_rows * math.prod(self.shape[1:])
-        self._room = max(1, cache_bytes // max(1, chunk_bytes))
-        self._decoded: OrderedDict[int, np.ndarray] = OrderedDict()
+        #: The chunks decoded last, kept for random reads (the rule of every training read).
+        self.cache = ChunkCache(cache_bytes)
         self._last = -2  # the last chunk read: reads in order are decoded ahead
         # Chunks decoded outside HDF5 only from a file open read-only: no write can be pending.
         whole = ds.chunks is not None and tuple(ds.chunks[1:]) == self.shape[1:]
@@ -125,7 +124,8 @@ class PackedLeaf(LazyLeaf):
         """Chunks ``indices``, the deltas undone: those not kept are decoded on every core.
         Reads in order (each starting in or just after the last one's chunks) have the
         :data:`AHEAD` chunks that follow decoded meanwhile."""
-        found = {i: self._decoded[i] for i in indices if i in self._decoded}
+        kept = {i: v for i in indices if (v := self.cache.get(i)) is not None}
+        found = dict(kept)
         missing = [i for i in indices if i not in found]
         in_order = self._last <= indices[0] <= self._last + 1 if indices else False
         if indices:
@@ -144,10 +144,8 @@ class PackedLeaf(LazyLeaf):
                 start = index * self.chunk_rows
                 rows = slice(start, start + self.chunk_rows)
                 frames = undo_frame_delta(read_rows(self.ds, rows, self.file, "a chunk"))
-            self._decoded[index] = frames
-            self._decoded.move_to_end(index)
-            if len(self._decoded) > self._room:
-                self._decoded.popitem(last=False)
+            if index not in kept:
+                self.cache.put(index, frames)
             out.append(frames)
         return out
 
