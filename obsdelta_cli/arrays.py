@@ -116,13 +116,18 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype:
 def to_torch(a: np.ndarray) -> torch.Tensor:
     """``a`` as a tensor sharing its memory (imports torch). A read-only array gives a tensor
     that must not be written (torch has no read-only tensors)."""
-    torch = torch_module()
+    th = torch_module()
 
+    def tensor() -> torch.Tensor:
+        if a.dtype == BFLOAT16:
+            return th.from_numpy(a.view(np.int16)).view(th.bfloat16)
+        return th.from_numpy(a)
+
+    if a.flags.writeable:  # rows read for a batch: no warning to silence, nor its cost
+        return tensor()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        if a.dtype == BFLOAT16:
-            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(a)
+        return tensor()
 
 
 def from_torch(t: torch.Tensor) -> np.ndarray:
