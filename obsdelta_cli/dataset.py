@@ -25,6 +25,7 @@ torch.Size([256, 11])
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Callable, Iterable
@@ -38,8 +39,10 @@ from torch.utils.data import Dataset
 from .arrays import from_torch, is_tensor, to_torch
 from .blocks import check_exceptions, checked_stream
 from .commands.common import manifest_of, open_input, stream_for
+from .errors import FileChangedError
 from .formats import Key, Source
 from .formats.leaf import as_rows, is_data
+from .identity import Identity, changed, identity
 from .rebuild import StoredPair, stored_pairs, take
 
 if TYPE_CHECKING:  # tensordict costs seconds to import; HDF5 work never needs it
@@ -49,6 +52,8 @@ Reader = Callable[[np.ndarray], np.ndarray]
 #: Decoded chunks kept per filtered HDF5 dataset, packed file or not (frame-delta datasets of a
 #: packed file included).
 DEFAULT_CACHE_MB = 256
+#: Opens of a file replaced while it was being opened, before it is reported as changing.
+OPEN_TRIES = 3
 
 D4RL_NAMES: dict[Key, Key] = {
     ("observations",): ("observation",),
@@ -77,12 +82,48 @@ class _Segment:
 class ObsdeltaDataset(Dataset):
     """Transitions of an obsdelta-readable dataset; ``len`` is the number of transitions."""
 
-    def __init__(self, path: str | Path, cache_mb: float = DEFAULT_CACHE_MB) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        cache_mb: float = DEFAULT_CACHE_MB,
+        *,
+        opened: Identity | None = None,
+    ) -> None:
+        """``opened``: the identity of the file as another process opened it (a DataLoader
+        worker's parent); a file found changed since is refused."""
         self.path = Path(path)
         self.cache_mb = cache_mb
         # HDF5 state must not cross a fork: a worker process reopens the file (see read).
         self._pid = os.getpid()
-        fmt, source = open_input(self.path, cache_mb=cache_mb)
+        self._opened = self._open_unchanged()
+        if opened is not None and self._opened != opened:
+            self.close()
+            raise FileChangedError(self.path)
+
+    def _open_unchanged(self) -> Identity:
+        """Open the file, again if it was replaced meanwhile (an open reads several files of a
+        folder, and a ``.pt`` file twice, by name: they must all be of one output); its
+        identity as opened."""
+        last: BaseException | None = None
+        for _ in range(OPEN_TRIES):
+            before = identity(self.path)
+            try:
+                self._open()
+            except Exception as exc:
+                if before is None or not changed(self.path, before):
+                    raise
+                last = exc
+                if hasattr(self, "_source"):
+                    with contextlib.suppress(Exception):
+                        self.close()
+                continue
+            if before is not None and not changed(self.path, before):
+                return before
+            self.close()
+        raise FileChangedError(self.path) from last
+
+    def _open(self) -> None:
+        fmt, source = open_input(self.path, cache_mb=self.cache_mb)
         self._fmt, self._source = fmt, source
         manifest = manifest_of(source) if source.meta is not None else None
         stored = stored_pairs(source, manifest) if manifest is not None else []
@@ -187,8 +228,17 @@ class ObsdeltaDataset(Dataset):
                 idx = idx % len(self)
         if self._pid != os.getpid():
             # A DataLoader worker forked after the file was opened: HDF5 is not fork-safe.
-            self.__init__(self.path, self.cache_mb)  # type: ignore[misc]
-        wanted = None if keys is None else set(keys)
+            self.__init__(self.path, self.cache_mb, opened=self._opened)  # type: ignore[misc]
+        try:
+            return self._read(idx, None if keys is None else set(keys))
+        except Exception as exc:
+            # Reads keep to the file as opened; one that fails (a file truncated in place, or
+            # a folder's file opened by name) fails because the file changed, if it did.
+            if changed(self.path, self._opened):
+                raise FileChangedError(self.path) from exc
+            raise
+
+    def _read(self, idx: np.ndarray, wanted: set[Key] | None) -> TensorDictBase:
         parts: dict[Key, np.ndarray] = {}
         if len(self._segments) == 1:  # one geometry (TED, D4RL): no scatter needed
             readers = self._segments[0].readers.items()
@@ -218,11 +268,15 @@ class ObsdeltaDataset(Dataset):
         self._fmt.close(self._source)
 
     def __getstate__(self) -> dict[str, Any]:
-        # DataLoader workers reopen the dataset rather than share open file handles.
-        return {"path": self.path, "cache_mb": self.cache_mb}
+        # DataLoader workers reopen the dataset rather than share open file handles: the
+        # same file, or none.
+        return {"path": self.path, "cache_mb": self.cache_mb, "opened": tuple(self._opened)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"], state["cache_mb"])  # type: ignore[misc]
+        opened = state.get("opened")
+        self.__init__(  # type: ignore[misc]
+            state["path"], state["cache_mb"], opened=None if opened is None else Identity(*opened)
+        )
 
 
 def _index_array(idx: Any) -> np.ndarray:

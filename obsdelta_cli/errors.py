@@ -79,6 +79,18 @@ class DamagedError(InputError):
     it was written."""
 
 
+class FileChangedError(InputError):
+    """The file (or folder) was replaced, truncated or removed while it was open for reading:
+    what was read may mix the old file and the new one, so nothing more is returned from it."""
+
+    def __init__(self, file: str | Path, *, what: str = "the file") -> None:
+        super().__init__(
+            f"{what} changed while it was read (replaced, truncated or removed)",
+            file=file,
+            hint="open it again to read the new one",
+        )
+
+
 class NoSpaceError(OutputError):
     """The output's file system filled up while it was written (or a disk quota was met)."""
 

@@ -147,7 +147,7 @@ class DirectChunks:
         self.chunks: tuple[int, ...] = tuple(ds.chunks)
         self.dtype = ds.dtype
         self.chunk_bytes = math.prod(self.chunks) * self.dtype.itemsize
-        self.file_size = file.stat().st_size
+        self.file_size = os.fstat(fd()).st_size  # of the file as opened, not of its name
         # Whether partial edge chunks were filtered like the others: HDF5 can be told not to,
         # and where that cannot be asked, they are left to HDF5.
         self.edges_direct = _chunk_opts(ds.id.get_create_plist()) == 0

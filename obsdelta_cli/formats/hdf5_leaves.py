@@ -9,7 +9,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +18,14 @@ import numpy as np
 from h5py._objects import phil
 
 from ..arrays import BFLOAT16, DTYPES, dtype_name
-from ..errors import InputError
+from ..errors import FileChangedError, InputError
 from .base import ArrayStore, Key
 from .chunk_cache import BandReads, ChunkCache
 from .direct import ColdReads
 from .hdf5_chunks import DirectChunks
 from .hdf5_safety import scale_offset
 from .hdf5_types import type_anew
-from .leaf import FlatRows, LazyLeaf, read_exact
+from .leaf import FlatRows, LazyLeaf, map_private, read_exact
 
 MAGIC = b"\x89HDF\r\n\x1a\n"
 META_ATTR = "obsdelta"
@@ -139,7 +139,11 @@ class FileReads:
     each of a robomimic file's hundreds of datasets would otherwise open the file twice and map
     it once. Opened at the first read; closed when no leaf holds it any more."""
 
-    def __init__(self, file: Path, read_only: bool) -> None:
+    def __init__(
+        self, file: Path, read_only: bool, opened: Callable[[], h5py.File | None] | None = None
+    ) -> None:
+        """``opened``: gives the h5py File of ``file`` (``None`` once it is gone), whose
+        descriptor reads are made through while it is open."""
         self.file = file
         #: Raw reads are made only of a file open read-only: no write can be pending in HDF5.
         self.read_only = read_only
@@ -147,19 +151,43 @@ class FileReads:
         self.cold: ColdReads | None = None
         self._opening = threading.Lock()  # leaves are read from the read-ahead thread too
         self._size: int | None = None
+        self._h5 = opened
 
     def file_size(self) -> int:
         """The file's size, asked once of a file open read-only (it cannot change)."""
         if self._size is None or not self.read_only:
-            self._size = self.file.stat().st_size
+            self._size = os.fstat(self.descriptor()).st_size
         return self._size
 
     def open(self) -> tuple[int, ColdReads]:
         with self._opening:
             if self.cold is None:
-                self.fd = os.open(self.file, os.O_RDONLY)
+                self.fd = self._h5_descriptor()
+                if self.fd < 0:
+                    self.fd = os.open(self.file, os.O_RDONLY)
                 self.cold = ColdReads(self.fd)
             return self.fd, self.cold
+
+    def _h5_descriptor(self) -> int:
+        """A descriptor of the file HDF5 opened, -1 where HDF5 has none: that file even if
+        another has been put at its name since (an output written again), so that raw reads
+        and HDF5's own see the same bytes. Opened anew, not duplicated: a duplicate would
+        share, and so keep, HDF5's lock on the file after HDF5 closes it."""
+        f = None if self._h5 is None else self._h5()
+        try:
+            if f is None or not f.id.valid or f.driver != "sec2":
+                return -1
+            held = f.id.get_vfd_handle()
+        except (ValueError, TypeError, RuntimeError):
+            return -1  # closed meanwhile
+        try:
+            return os.open(f"/proc/self/fd/{held}", os.O_RDONLY)
+        except OSError:  # no /proc: by name, if the name still holds that file
+            fd = os.open(self.file, os.O_RDONLY)
+            if not os.path.sameopenfile(fd, held):
+                os.close(fd)
+                raise FileChangedError(self.file) from None
+            return fd
 
     def descriptor(self) -> int:
         """The shared descriptor, opened at the first call."""
@@ -219,7 +247,10 @@ class H5Leaf(LazyLeaf):
         #: Decoded bands kept for random reads (:meth:`keep_decoded`); ``None``: none kept.
         self.bands: BandReads | None = None
         # ``ds.file`` makes a new h5py File object, under h5py's lock, per call: asked once.
-        self._reads = reads or FileReads(file, ds.file.mode == "r")
+        if reads is None:
+            opened = ds.file  # a new File object, held: the leaf holds its dataset anyway
+            reads = FileReads(file, opened.mode == "r", lambda: opened)
+        self._reads = reads
         if self._held is not None:
             self._raw_offset(ds)  # asked while the dataset is open: reads need no handle
 
@@ -351,8 +382,9 @@ class H5Leaf(LazyLeaf):
             self._mapped = False
             offset = self._raw_offset()
             if offset is not None:
-                array = np.memmap(self.file, self._stored, "c", offset=offset, shape=self.shape)
-                self._mapped = array.view(np.ndarray).view(self.dtype)
+                fd = self._reads.descriptor()  # the file HDF5 opened, not the name's
+                array = map_private(fd, self._stored, self.shape, offset)
+                self._mapped = array.view(self.dtype)
         return self._mapped if isinstance(self._mapped, np.ndarray) else None
 
     def select(self, rows: np.ndarray) -> np.ndarray:
@@ -467,7 +499,7 @@ class _Shared:
         if reads is None:
             f = self._file()
             assert f is not None  # asked through the File itself
-            reads = FileReads(Path(f.filename), read_only=True)
+            reads = FileReads(Path(f.filename), read_only=True, opened=self._file)
             self._reads = weakref.ref(reads)
         return reads
 

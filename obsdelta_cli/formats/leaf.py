@@ -155,6 +155,25 @@ def write_exact(fd: int, offset: int, value: np.ndarray) -> None:
         done += os.pwrite(fd, raw[done:], offset + done)
 
 
+def map_private(fd: int, dtype: np.dtype, shape: tuple[int, ...], offset: int = 0) -> np.ndarray:
+    """``shape`` values of ``dtype`` at ``offset`` of the file open as ``fd``, mapped
+    privately (copy on write: nothing written to the array reaches the file). The mapping
+    lives as long as the array, whatever becomes of ``fd`` or of the file's name.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryFile() as fh:
+    ...     _ = fh.write(np.arange(6, dtype=np.int16).tobytes()); fh.flush()
+    ...     map_private(fh.fileno(), np.dtype(np.int16), (2, 2), offset=4).tolist()
+    [[2, 3], [4, 5]]
+    """
+    count = math.prod(shape)
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    window = mmap.mmap(
+        fd, offset - start + count * dtype.itemsize, access=mmap.ACCESS_COPY, offset=start
+    )
+    return np.frombuffer(window, dtype, count, offset - start).reshape(shape)
+
+
 class FileLeaf(LazyLeaf):
     """A raw C-order array in a file (a tensordict ``.memmap`` leaf), read and written with
     ``pread``/``pwrite`` rather than mapped.
@@ -224,8 +243,9 @@ class FileLeaf(LazyLeaf):
             if math.prod(self.shape) == 0:
                 self._mapped = np.empty(self.shape, dtype=self.dtype)  # mmap refuses 0 bytes
             else:
-                mapped = np.memmap(self.path, self.dtype, "c", shape=self.shape)
-                self._mapped = mapped.view(np.ndarray)  # the mapping lives as long as the view
+                # From the descriptor opened with the leaf, not the path: a file replaced
+                # since (an output written again) is not the one the leaf describes.
+                self._mapped = map_private(self.fd, self.dtype, self.shape)
         return self._mapped
 
     def write(self, start: int, value: np.ndarray) -> None:
