@@ -24,7 +24,6 @@ from ..atomic import (
     scratch_folder,
     write_back,
 )
-from ..batch import PACKED_SUFFIX
 from ..errors import ObsdeltaError, UsageError
 from ..formats import FORMATS, detect, disk_size
 from ..formats.hdf5 import HDF5Format
@@ -32,6 +31,7 @@ from ..formats.hdf5_leaves import h5_file
 from ..formats.pack_flat import largest_family
 from ..formats.pack_io import Chooser, Early, pack, pack_into, packed_output, unpack
 from ..formats.packed import NAME
+from ..names import PACKED_SUFFIX
 from ..report import DatasetResult
 from .common import DEFAULT_CHUNK_MB, manifest_of, open_input
 from .verify import verify_written
