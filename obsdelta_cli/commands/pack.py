@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import (
-    _dead,
-    _remove,
     atomic_output,
     check_output,
     full_disk_said,
+    of_dead_process,
+    remove_path,
     scratch_folder,
     write_back,
 )
@@ -31,9 +31,11 @@ from ..formats.hdf5_leaves import h5_file
 from ..formats.pack_flat import largest_family
 from ..formats.pack_io import Chooser, Early, pack, pack_into, packed_output, unpack
 from ..formats.packed import NAME
+from ..inputs import manifest_of, open_input
 from ..names import PACKED_SUFFIX
+from ..outputs import replaceable_by
 from ..report import DatasetResult
-from .common import DEFAULT_CHUNK_MB, manifest_of, open_input
+from .common import DEFAULT_CHUNK_MB
 from .verify import verify_written
 
 #: Working folders beside OUTPUT: ``.OUTPUT.obsdelta-pack-PID``.
@@ -68,10 +70,10 @@ ONLY_FILTERED = (
 def _work_dir(output: Path) -> Path:
     """A fresh working folder beside ``output``; those of dead runs are removed first."""
     for old in output.parent.glob(f".{output.name}{WORK_MARK}*"):
-        if _dead(old):
-            _remove(old)
+        if of_dead_process(old):
+            remove_path(old)
     work = output.parent / f".{output.name}{WORK_MARK}{os.getpid()}"
-    _remove(work)
+    remove_path(work)
     work.mkdir()
     return work
 
@@ -79,7 +81,7 @@ def _work_dir(output: Path) -> Path:
 def _with_working_copy(original: int) -> int:
     """Bytes ``--pack`` and the inflate of a packed file need at most, for a dataset of
     ``original`` bytes: the working copy (the inner container) and the output, each at most
-    the original plus 5% (see :func:`..atomic.estimate_output_bytes`)."""
+    the original plus 5% (see :func:`..outputs.estimate_output_bytes`)."""
     return int(original * 2.1) + (1 << 20)
 
 
@@ -143,7 +145,7 @@ def compress_packed(
     check_output(output, input, force=force)  # refuse early, before any work
     with (
         full_disk_said(output, lambda: _with_working_copy(disk_size(input))),
-        atomic_output(output, source=input, force=force, replaceable=NAME) as tmp,
+        atomic_output(output, source=input, force=force, replaceable=replaceable_by(NAME)) as tmp,
     ):
         work = _work_dir(output)
         try:
@@ -168,11 +170,11 @@ def compress_packed(
                 finally:
                     fmt.close(source)
         except BaseException:
-            _remove(work)
+            remove_path(work)
             raise
         # Deleting the working folder (the kernel freeing its pages: 0.05-0.08 s for the 290 MB
         # of a 500 MB D4RL file's) overlaps the verification.
-        removing = threading.Thread(target=_remove, args=(work,), name="obsdelta-remove")
+        removing = threading.Thread(target=remove_path, args=(work,), name="obsdelta-remove")
         removing.start()
         try:
             writing = write_back(tmp)  # to disk while it is verified
@@ -235,7 +237,7 @@ def inflate_packed(
                 # as recorded at compress time) run as it is inflated.
                 result = inflate(inner, output, force=force, chunk_mb=chunk_mb)
             finally:
-                _remove(work)
+                remove_path(work)
     except ObsdeltaError as exc:
         exc.output = output  # the batch reports where it was to go
         raise
@@ -269,4 +271,4 @@ def predict_packed(
         finally:
             fmt.close(source)
     finally:
-        _remove(work)
+        remove_path(work)

@@ -9,19 +9,11 @@ from pathlib import Path
 from ..codecs import AUTO, CODECS, DEFAULT_CODEC, make_codec
 from ..errors import UsageError
 from ..formats import Source, detect, disk_size
+from ..inputs import manifest_of, open_detected, stream_for
 from ..rebuild import stored_pairs
 from ..report import DatasetResult, KeyResult
 from ..selection import KeyGroup, candidates, check_time_dim, pairs_of
-from .common import (
-    DEFAULT_CHUNK_MB,
-    check_bound,
-    manifest_of,
-    one_thread,
-    open_detected,
-    original_size,
-    recorded_results,
-    stream_for,
-)
+from .common import DEFAULT_CHUNK_MB, check_bound, one_thread, original_size, recorded_results
 from .compress import auto_pick, key_result, measure_key
 
 
