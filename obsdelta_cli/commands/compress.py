@@ -218,7 +218,7 @@ def compress(
         from .pack import compress_packed
 
         return compress_packed(
-            input, output, codec=codec, keys=keys, max_abs_error=max_abs_error,
+            input, output, compress=compress, codec=codec, keys=keys, max_abs_error=max_abs_error,
             exceptions=exceptions, time_dim=time_dim, force=force, chunk_mb=chunk_mb,
             options=options, verify=verify, flat=flat,
         )  # fmt: skip

@@ -35,8 +35,9 @@ def inflate(
         from .pack import inflate_packed
 
         return inflate_packed(
-            input, output, force=force, chunk_mb=chunk_mb, named_after_input=named_after_input
-        )
+            input, output, inflate=inflate, force=force, chunk_mb=chunk_mb,
+            named_after_input=named_after_input,
+        )  # fmt: skip
     fmt, source = open_input(input)
     try:
         manifest = manifest_of(source)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,7 @@ def compress_packed(
     input: Path,
     output: Path,
     *,
+    compress: Callable[..., DatasetResult],
     force: bool = False,
     chunk_mb: float = DEFAULT_CHUNK_MB,
     verify: bool = True,
@@ -137,9 +139,9 @@ def compress_packed(
     **options: Any,
 ) -> DatasetResult:
     """``compress`` into one packed HDF5 file ``output`` (``options`` as for ``compress``);
-    ``flat``: each key's datasets of every episode as one dataset (:mod:`..formats.pack_flat`)."""
-    from .compress import compress
-
+    ``flat``: each key's datasets of every episode as one dataset (:mod:`..formats.pack_flat`).
+    ``compress`` writes the inner container: the command's own function, handed in by it, as
+    this module sits below the commands that use it."""
     input, output = Path(input), Path(output)
     name = _check_packable(input, flat)
     check_output(output, input, force=force)  # refuse early, before any work
@@ -209,14 +211,14 @@ def inflate_packed(
     input: Path,
     output: Path,
     *,
+    inflate: Callable[..., DatasetResult],
     force: bool = False,
     chunk_mb: float = DEFAULT_CHUNK_MB,
     named_after_input: bool = False,
 ) -> DatasetResult:
     """``inflate`` a packed file: the original container, in its own format, at ``output``
-    (with ``named_after_input``, at its :func:`unpacked_name` beside ``output``)."""
-    from .inflate import inflate
-
+    (with ``named_after_input``, at its :func:`unpacked_name` beside ``output``); ``inflate``
+    (the command's own function) inflates the unpacked inner container."""
     input, output = Path(input), Path(output)
     fmt, source = open_input(input)
     opened = True
@@ -248,13 +250,16 @@ def inflate_packed(
 
 
 def predict_packed(
-    input: Path, *, chunk_mb: float = DEFAULT_CHUNK_MB, flat: bool = False, **options: Any
+    input: Path,
+    *,
+    compress: Callable[..., DatasetResult],
+    chunk_mb: float = DEFAULT_CHUNK_MB,
+    flat: bool = False,
+    **options: Any,
 ) -> int:
     """Bytes ``compress --pack`` would write for ``input``: the compressed dataset is written to
-    a working folder, then packed with only a sample of each dataset's chunks, the size of the
-    others extrapolated."""
-    from .compress import compress
-
+    a working folder by ``compress`` (the command's function), then packed with only a sample
+    of each dataset's chunks, the size of the others extrapolated."""
     input = Path(input)
     _check_packable(input, flat)
     probe = Path(os.environ.get("TMPDIR", "/tmp")) / f"obsdelta-report-{os.getpid()}"
