@@ -30,8 +30,9 @@ from ..formats import FORMATS, detect, disk_size
 from ..formats.hdf5 import HDF5Format
 from ..formats.hdf5_leaves import h5_file
 from ..formats.pack_flat import largest_family
-from ..formats.pack_io import Chooser, Early, pack, pack_into, packed_output, unpack
+from ..formats.pack_io import Chooser, Early, packed_output
 from ..formats.packed import NAME
+from ..formats.packing import pack, pack_into, unpack
 from ..inputs import manifest_of, open_input
 from ..names import PACKED_SUFFIX
 from ..outputs import replaceable_by

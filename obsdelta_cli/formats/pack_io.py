@@ -303,60 +303,13 @@ def inner_manifest(manifest: Manifest, file: Path) -> Manifest:
 # Packing
 
 
-def pack(
-    inner: Source,
-    inner_name: str,
-    manifest: Manifest,
-    out: Path,
-    chooser: Chooser,
-    *,
-    flat: bool = False,
-) -> int:
-    """Write the packed file ``out`` from the opened compressed container ``inner``; return its
-    size, or with ``chooser.sample``, the size predicted for the whole file. ``flat``: the
-    datasets of an HDF5 inner's episodes as one dataset per key (:mod:`.pack_flat`)."""
-    with packed_output(out) as f:
-        pack_into(f, inner, inner_name, manifest, chooser, flat=flat)
-    return out.stat().st_size + round(chooser.extra)
-
-
 @contextmanager
 def packed_output(path: Path) -> Iterator[h5py.File]:
-    """A new packed file, to be filled by :func:`pack_into`; flushed and closed at the end (see
-    :func:`h5_output`)."""
+    """A new packed file, to be filled by :func:`~.packing.pack_into`; flushed and closed at
+    the end (see :func:`h5_output`)."""
     with h5_output(path, LIBVER) as f:
         minimal_headers(f)
         yield f
-
-
-def pack_into(
-    f: h5py.File,
-    inner: Source,
-    inner_name: str,
-    manifest: Manifest,
-    chooser: Chooser,
-    *,
-    flat: bool = False,
-    early: dict[Key, dict[str, Any]] | None = None,
-) -> None:
-    """Fill the new packed file ``f`` (:func:`packed_output`) as :func:`pack` says; ``early``:
-    the entries of the leaves of a folder inner already written to ``f`` (:class:`Early`)."""
-    if flat and isinstance(inner.handle, h5py.File):
-        from .pack_flat import pack_flat  # it builds on this module
-
-        info = pack_flat(inner.handle, f, chooser)
-    elif flat:
-        raise UsageError("--flat takes HDF5 inputs only", file=inner.path)
-    elif isinstance(inner.handle, h5py.File):
-        info = _pack_hdf5(inner.handle, f, chooser)
-    elif inner_name == "ted-pt":
-        from .pack_pt import pack_pt  # it builds on this module
-
-        info = pack_pt(inner, f, chooser)
-    else:
-        info = _pack_folder(inner, f, chooser, early or {})
-    meta = packed_manifest(manifest, inner_name, info).to_json()
-    write_meta(f, meta, plain_bytes=PLAIN_MANIFEST_BYTES)
 
 
 @contextmanager
@@ -457,7 +410,7 @@ def copy_structure(
     walk(src, out)
 
 
-def _pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, Any]:
+def pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, Any]:
     datasets: dict[str, Any] = {}
     repacked = {
         name: obj
@@ -533,7 +486,7 @@ def _write_kept(
     return entry
 
 
-def _pack_folder(
+def pack_folder(
     inner: Source, out: h5py.File, chooser: Chooser, early: dict[Key, dict[str, Any]]
 ) -> dict[str, Any]:
     root = inner.path
@@ -645,26 +598,12 @@ def _safe_rel(rel: Any, file: Path) -> Path:
     return Path(*parts)
 
 
-def unpack(packed: Source, manifest: Manifest, out: Path) -> None:
-    """Write the inner container of the opened packed file ``packed`` to ``out``."""
-    info = pack_info(packed.meta or {}, packed.path)
-    inner = inner_manifest(manifest, packed.path)
-    if info["kind"] == "folder":
-        _unpack_folder(packed, info, inner, out)
-    elif info["kind"] == "pt":
-        from .pack_pt import unpack_pt
-
-        unpack_pt(packed, info, out)
-    else:
-        _unpack_hdf5(packed, info, inner, out)
-
-
 def _copy_rows(leaf: Any, rows: int, write: Callable[[int, np.ndarray], None], step: int) -> None:
     for start in range(0, rows, step):
         write(start, _stored(leaf.read(start, min(rows, start + step))))
 
 
-def _unpack_folder(packed: Source, info: dict[str, Any], inner: Manifest, out: Path) -> None:
+def unpack_folder(packed: Source, info: dict[str, Any], inner: Manifest, out: Path) -> None:
     f: h5py.File = packed.handle
     out.mkdir()
     for rel in info["dirs"]:
@@ -703,7 +642,7 @@ def _check_kept(packed: Source, datasets: dict[str, Any], inner: Manifest) -> No
         raise damaged_pack(packed.path, f"object {name or '/'} {what}")
 
 
-def _unpack_hdf5(packed: Source, info: dict[str, Any], inner: Manifest, out: Path) -> None:
+def unpack_hdf5(packed: Source, info: dict[str, Any], inner: Manifest, out: Path) -> None:
     src: h5py.File = packed.handle
     if inner.objects:  # recorded by format 2 on
         _check_kept(packed, info["datasets"], inner)
