@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import ml_dtypes
 import numpy as np
 
+from . import interrupts
 from .manifest import DTYPES as DTYPE_NAMES
 
 if TYPE_CHECKING:
@@ -89,13 +90,11 @@ torch_default_threads: int | None = None
 
 def torch_module() -> Any:
     """torch, imported on first use as start-up should (signals held back, the collector
-    paused: see :func:`obsdelta_cli.batch.import_heavy`), with the running command's thread
+    paused: see :func:`obsdelta_cli.interrupts.import_heavy`), with the running command's thread
     count."""
     torch = sys.modules.get("torch")
     if torch is None:
-        from .batch import import_heavy
-
-        torch = import_heavy("torch")
+        torch = interrupts.import_heavy("torch")
         global torch_default_threads
         torch_default_threads = torch.get_num_threads()
         if torch_threads is not None:

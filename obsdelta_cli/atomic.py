@@ -32,7 +32,6 @@ import contextlib
 import ctypes
 import errno
 import fcntl
-import math
 import os
 import resource
 import shutil
@@ -41,13 +40,10 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import interrupts
 from .errors import NoSpaceError, ObsdeltaError, OutputError, out_of_space, size_text
-
-if TYPE_CHECKING:
-    from .formats.base import Plan, Source
 
 TMP_MARK = ".obsdelta-tmp-"
 OLD_MARK = ".obsdelta-old-"
@@ -183,7 +179,7 @@ def clean_stale(output: Path, *, locked: bool = False) -> None:
     is put back first if ``output`` is missing (a crash between the two renames of the fallback
     swap).
     """
-    olds = [p for p in _debris(output, OLD_MARK) if locked or _dead(p)]
+    olds = [p for p in _debris(output, OLD_MARK) if locked or of_dead_process(p)]
     # Only a file or folder can be an output set aside: a link at that name is not put in
     # OUTPUT's place (it would make OUTPUT point anywhere); it is removed with the rest.
     mine = [p for p in olds if not p.is_symlink()]
@@ -191,8 +187,8 @@ def clean_stale(output: Path, *, locked: bool = False) -> None:
         olds.remove(mine[-1])
         os.rename(mine[-1], output)
     for tmp in [*_debris(output, TMP_MARK), *olds]:
-        if locked or _dead(tmp):
-            _remove(tmp)
+        if locked or of_dead_process(tmp):
+            remove_path(tmp)
 
 
 def clean_after_killed(output: Path) -> None:
@@ -220,12 +216,14 @@ def clean_after_killed(output: Path) -> None:
     _let_go(path, fd)
 
 
-def _dead(path: Path) -> bool:
+def of_dead_process(path: Path) -> bool:
+    """Whether ``path``, named ``...-PID``, was left by a process no longer running."""
     pid = path.name.rsplit("-", 1)[-1]
     return pid.isdigit() and not _alive(int(pid))
 
 
-def _remove(path: Path) -> None:
+def remove_path(path: Path) -> None:
+    """Remove the file, link or folder ``path``, if there is one."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     elif path.exists() or path.is_symlink():
@@ -257,49 +255,8 @@ def check_output(output: Path, source: Path, *, force: bool) -> None:
 # What --force may replace
 
 
-def check_replaceable(output: Path, kind: str) -> None:
-    """Refuse to replace ``output`` unless obsdelta could have written it.
-
-    Replaceable: an earlier obsdelta output of any format (its metadata says so), or a dataset
-    of format ``kind`` (the output's own, so that ``inflate --force`` replaces an earlier
-    inflate). Anything else (a folder of other files, a file of another kind, something that
-    cannot be read) raises :class:`OutputError` and is left as it is. The check reads the target
-    the way an input is read, so it runs no code from it and follows no link out of it.
-    """
-    from .formats import detect
-
-    if not os.path.lexists(output):
-        return
-    what = "neither an obsdelta output nor a dataset obsdelta reads"
-    if not output.is_symlink():
-        try:
-            fmt = detect(output)
-            if fmt.name == kind:
-                return
-            source = fmt.open(output)
-            try:
-                if source.meta is not None:
-                    return
-            finally:
-                fmt.close(source)
-            what = f"a {fmt.name} dataset, not {kind}, and not an obsdelta output"
-        except (ObsdeltaError, OSError, ValueError, RuntimeError):
-            pass
-    else:
-        what = "a symbolic link"
-    raise OutputError(
-        f"output exists and is {what}; --force replaces only what obsdelta could have written",
-        file=output,
-        hint="delete it yourself if it should go, or choose another output",
-    )
-
-
-def _check_replace(output: Path, replaceable: str | Callable[[Path], None] | None) -> None:
-    if replaceable is None or not os.path.lexists(output):
-        return
-    if isinstance(replaceable, str):
-        check_replaceable(output, replaceable)
-    else:
+def _check_replace(output: Path, replaceable: Callable[[Path], None] | None) -> None:
+    if replaceable is not None and os.path.lexists(output):
         replaceable(output)
 
 
@@ -365,30 +322,6 @@ def full_disk_said(output: Path, needed: Callable[[], int | None]) -> Iterator[N
         except (OSError, ObsdeltaError):
             estimate = None
         raise no_space(output, estimate) from None
-
-
-def estimate_output_bytes(source: Source, plan: Plan) -> int:
-    """An upper estimate of the bytes ``plan`` writes from ``source``: the input's bytes on disk,
-    less the leaves left out, plus the new leaves at their full (unfiltered) size, plus 5% and
-    1 MiB for metadata, exception rows and container overhead."""
-    from .formats.base import disk_size
-
-    kept = set(plan.order)
-    dropped = 0
-    for key, leaf in source.leaves.items():
-        if key not in kept:
-            dropped += _leaf_bytes(leaf)
-    new = sum(math.prod(s.shape) * s.dtype.itemsize for s in plan.new.values())
-    body = max(0, disk_size(source.path) - dropped) + new
-    return int(body * 1.05) + (1 << 20)
-
-
-def _leaf_bytes(leaf: Any) -> int:
-    shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
-    itemsize = getattr(dtype, "itemsize", None)
-    if shape is None or not isinstance(itemsize, int):
-        return 0
-    return math.prod(shape) * itemsize
 
 
 # ---------------------------------------------------------------------------------------------
@@ -565,12 +498,12 @@ def _put_in_place(tmp: Path, output: Path) -> None:
     """Make ``tmp`` be ``output`` in one step; the old ``output`` (if any) is deleted after."""
     if os.path.lexists(output):
         if _renameat2(tmp, output, _RENAME_EXCHANGE):
-            _remove(tmp)  # now the old output
+            remove_path(tmp)  # now the old output
             return
         old = output.parent / f".{output.name}{OLD_MARK}{os.getpid()}"
         os.rename(output, old)
         os.rename(tmp, output)
-        _remove(old)
+        remove_path(old)
     elif not _renameat2(tmp, output, _RENAME_NOREPLACE):
         os.rename(tmp, output)
 
@@ -582,7 +515,7 @@ def atomic_output(
     source: Path,
     force: bool,
     expected_bytes: int | None = None,
-    replaceable: str | Callable[[Path], None] | None = None,
+    replaceable: Callable[[Path], None] | None = None,
 ) -> Iterator[Path]:
     """Yield a temporary sibling of ``output``; on success flush it to disk and swap it into
     place, else remove it.
@@ -592,9 +525,10 @@ def atomic_output(
     (see the module's notes); what killed runs left is cleaned up first.
 
     ``expected_bytes``: refuse before writing if the folder has less free space (see
-    :func:`estimate_output_bytes`). ``replaceable``: what ``force`` may replace; a format name
-    applies :func:`check_replaceable` with it, a callable is called with ``output`` and raises
-    :class:`OutputError` to refuse. ``None`` lets ``force`` replace anything.
+    :func:`~obsdelta_cli.outputs.estimate_output_bytes`). ``replaceable``: what ``force`` may
+    replace; it is called with ``output`` and raises :class:`OutputError` to refuse
+    (:func:`~obsdelta_cli.outputs.replaceable_by` makes the check of a format). ``None`` lets
+    ``force`` replace anything.
     """
     check_output(output, source, force=force)
     with output_lock(output, wait=force):
@@ -605,7 +539,7 @@ def atomic_output(
         if expected_bytes is not None:
             check_free_space(output, expected_bytes)
         tmp = output.parent / f".{output.name}{TMP_MARK}{os.getpid()}"
-        _remove(tmp)
+        remove_path(tmp)
         try:
             yield tmp
             if tmp.is_symlink():  # obsdelta writes files and folders: never a link as OUTPUT
@@ -625,5 +559,5 @@ def atomic_output(
             if durable:
                 _fsync(output.parent)
         except BaseException:
-            _remove(tmp)
+            remove_path(tmp)
             raise

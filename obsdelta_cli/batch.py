@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import gc
 import multiprocessing
 import os
 import signal
@@ -19,14 +18,14 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
-from importlib import import_module
 from pathlib import Path
-from types import ModuleType
 from typing import Any, NoReturn
 
 from . import interrupts
 from .atomic import clean_after_killed, release_locks
 from .errors import ObsdeltaError, OutputError, UsageError
+from .interrupts import import_heavy
+from .names import PACKED_SUFFIX
 from .report import DatasetResult
 
 #: The module with the command implementations, imported on first use (numpy and h5py; torch
@@ -41,26 +40,6 @@ def command(name: str) -> Callable[..., DatasetResult]:
         raise UsageError(f"unknown command {name!r}")
     function: Callable[..., DatasetResult] = getattr(import_heavy(IMPLEMENTATION), name)
     return function
-
-
-def import_heavy(name: str) -> ModuleType:
-    """Import ``name`` (torch, or obsdelta's commands) as start-up should.
-
-    Signals are held back, as torch's start-up must not be cut (see interrupts.deferred). The
-    collector is paused: the import makes hundreds of thousands of objects and frees almost
-    none, so each pass it would start walks them for nothing (``import torch`` 0.91 -> 0.84 s
-    on the README's machine). Those objects then live as long as the process, so they are
-    kept out of later full passes, which would otherwise walk them again and again."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        with interrupts.deferred():
-            module = import_module(name)
-    finally:
-        if was_enabled:
-            gc.enable()
-    gc.freeze()
-    return module
 
 
 @dataclass(frozen=True)
@@ -97,9 +76,6 @@ def run_job(job: Job) -> Outcome:
     return Outcome(job, result, None, 0, time.perf_counter() - start)
 
 
-#: What ``compress --pack`` adds to an input's name in a folder of outputs, where the input is
-#: not already named as an HDF5 file: a packed file is one, whatever it holds.
-PACKED_SUFFIX = ".h5"
 #: Names that say "HDF5 file".
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
 

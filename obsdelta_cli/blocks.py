@@ -36,7 +36,7 @@ import xxhash
 
 from .checksum import Hasher
 from .errors import DamagedError
-from .formats import Source, key_str
+from .formats.base import Source, key_str
 from .formats.leaf import as_rows, is_data
 from .manifest import KeyRecord, Manifest
 from .rebuild import Exceptions, take

@@ -38,11 +38,11 @@ from torch.utils.data import Dataset
 
 from .arrays import from_torch, is_tensor, to_torch
 from .blocks import check_exceptions, checked_stream
-from .commands.common import manifest_of, open_input, stream_for
 from .errors import FileChangedError
 from .formats import Key, Source
 from .formats.leaf import as_rows, is_data
 from .identity import Identity, changed, identity
+from .inputs import manifest_of, open_input, stream_for
 from .rebuild import StoredPair, stored_pairs, take
 
 if TYPE_CHECKING:  # tensordict costs seconds to import; HDF5 work never needs it

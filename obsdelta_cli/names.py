@@ -24,3 +24,6 @@ DEFAULT_CODEC = AUTO
 H5_COMPRESSIONS = ("gzip", "lzf", "zstd", "blosc", "none")
 #: ``--chunk-mb`` default, in MiB.
 DEFAULT_CHUNK_MB: float = 1
+#: What ``compress --pack`` adds to an input's name in a folder of outputs, where the input is
+#: not already named as an HDF5 file: a packed file is one, whatever it holds.
+PACKED_SUFFIX = ".h5"

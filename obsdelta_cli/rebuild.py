@@ -29,7 +29,7 @@ import numpy as np
 from .arrays import dtype_name, dtype_of
 from .codecs import Codec, codec_from_config
 from .errors import InputError
-from .formats import Pair, Source, key_str
+from .formats.base import Pair, Source, key_str
 from .formats.leaf import FlatRows, is_data
 from .manifest import KeyRecord, Manifest
 from .stream import Geometry, Stream, window

@@ -24,8 +24,7 @@ import numpy as np
 from .arrays import dtype_name
 from .codecs import CODECS, Codec
 from .errors import DataError, InputError, UsageError
-from .formats import Format, Pair, Source, key_str
-from .formats.base import NOTHING_HINT
+from .formats.base import NOTHING_HINT, Format, Pair, Source, key_str
 from .formats.leaf import is_data, nbytes
 
 #: Leaf names that are never observations, wherever they stand in a key.

@@ -25,15 +25,14 @@ from tensordict import TensorDictBase
 from obsdelta_cli import atomic, compress, inflate, interrupts, verify
 from obsdelta_cli.atomic import (
     atomic_output,
-    check_replaceable,
     clean_after_killed,
     clean_stale,
-    estimate_output_bytes,
     output_lock,
     release_locks,
 )
 from obsdelta_cli.errors import OutputError
 from obsdelta_cli.formats.base import LeafSpec, Plan, Source
+from obsdelta_cli.outputs import check_replaceable, estimate_output_bytes, replaceable_by
 
 from .conftest import SAMPLE, tree_hash
 from .test_cli_errors import assert_one_error_line
@@ -401,7 +400,9 @@ def _refused(target: Path, says: str) -> Iterator[None]:
 
 
 def _replace(target: Path, kind: str) -> None:
-    with atomic_output(target, source=target.parent / "in", force=True, replaceable=kind) as tmp:
+    with atomic_output(
+        target, source=target.parent / "in", force=True, replaceable=replaceable_by(kind)
+    ) as tmp:
         tmp.mkdir()
         (tmp / "new").write_text("new")
     assert (target / "new").read_text() == "new"
@@ -460,7 +461,9 @@ def test_force_refuses_what_obsdelta_did_not_write(tmp_path: Path, what: str) ->
         kind = "d4rl-hdf5"  # another kind: the check has to open it to look for metadata
     with (
         _refused(target, says),
-        atomic_output(target, source=tmp_path / "in", force=True, replaceable=kind) as tmp,
+        atomic_output(
+            target, source=tmp_path / "in", force=True, replaceable=replaceable_by(kind)
+        ) as tmp,
     ):
         tmp.write_text("never put in place")
     if what == "hostile":

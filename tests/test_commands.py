@@ -20,8 +20,8 @@ from tensordict import TensorDict, TensorDictBase
 from obsdelta_cli import compress, inflate, report
 from obsdelta_cli.arrays import from_torch, numpy_dtype, torch_dtype
 from obsdelta_cli.codecs import CODECS, make_codec
-from obsdelta_cli.commands.common import open_input
 from obsdelta_cli.errors import DataError, UsageError
+from obsdelta_cli.inputs import open_input
 from obsdelta_cli.manifest import FORMAT_VERSION
 from obsdelta_cli.stats import bit_equal_rows
 

@@ -674,8 +674,9 @@ def test_the_plan_streams_exactly_what_the_copy_leaves_to_the_encoding_pass(
     """Observations are checked by the pass that copies them, so the plan's streamed set and
     what the HDF5 copy leaves to the encoding pass must be the same set (one rule): one the copy
     took whole, yet planned as streamed, was checked by neither."""
-    from obsdelta_cli.commands.common import open_input, stream_for, streamed_observations
+    from obsdelta_cli.commands.common import streamed_observations
     from obsdelta_cli.formats import LeafSpec, Plan
+    from obsdelta_cli.inputs import open_input, stream_for
 
     src = _streams_case(tmp_path / "in.hdf5", layout)
     fmt, source = open_input(src)

@@ -19,13 +19,13 @@ import torch
 from tensordict import TensorDictBase
 
 from obsdelta_cli import compress, inflate, open_dataset, report, verify
-from obsdelta_cli.commands.common import open_input
 from obsdelta_cli.commands.pack import FOLDERS, PACKABLE
 from obsdelta_cli.errors import DataError, ObsdeltaError
 from obsdelta_cli.filters import MIN_PACK_BYTES
 from obsdelta_cli.formats import detect
 from obsdelta_cli.formats.leaf import FileLeaf
 from obsdelta_cli.formats.packed import NAME, TRANSFORM_ATTR
+from obsdelta_cli.inputs import open_input
 from obsdelta_cli.manifest import FORMAT_VERSION
 from obsdelta_cli.render import _size
 

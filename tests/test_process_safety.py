@@ -174,7 +174,7 @@ def fill_sweep(cases: str) -> None:
                 said = str(exc)
             runs.append({"disk": disk, "said": said, "left": sorted(os.listdir(folder))})
             for path in folder.iterdir():
-                atomic._remove(path)
+                atomic.remove_path(path)
     print(json.dumps(runs))
 
 

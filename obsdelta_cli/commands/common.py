@@ -14,22 +14,19 @@ from typing import Any, ParamSpec, TypeVar
 
 from .. import arrays
 from ..arrays import dtype_name, dtype_of
-from ..atomic import atomic_output, estimate_output_bytes, no_space, write_back
+from ..atomic import atomic_output, no_space, write_back
 from ..errors import (
-    DataError,
-    InputError,
     NoSpaceError,
     ObsdeltaError,
     UsageError,
     out_of_space,
     write_error,
 )
-from ..formats import Format, Key, LeafSpec, Pair, Plan, Sink, Source, detect
+from ..formats import Format, Key, LeafSpec, Pair, Plan, Sink, Source
 from ..formats.base import close_leaves
-from ..formats.hdf5 import HDF5Format
 from ..formats.leaf import is_data
-from ..formats.packed import Packed
-from ..manifest import Manifest, parse
+from ..manifest import Manifest
+from ..outputs import estimate_output_bytes, replaceable_by
 from ..rebuild import StoredPair
 from ..report import KeyResult
 from ..selection import INDEX_BYTES
@@ -78,57 +75,6 @@ def check_bound(max_abs_error: float | None) -> None:
         raise UsageError(f"--max-abs-error must be a finite number >= 0, got {max_abs_error}")
 
 
-def open_input(path: Path, *, cache_mb: float | None = None) -> tuple[Format, Source]:
-    """Open ``path`` with the adapter its content calls for; ``cache_mb`` sizes the chunk
-    cache of each dataset of an HDF5 file read for training (packed or not)."""
-    fmt = detect(path)
-    return fmt, open_detected(fmt, path, cache_mb=cache_mb)
-
-
-def open_detected(fmt: Format, path: Path, *, cache_mb: float | None = None) -> Source:
-    """Open ``path`` with ``fmt``, the adapter :func:`detect` chose for it (see
-    :func:`open_input`)."""
-    if cache_mb is not None and isinstance(fmt, Packed | HDF5Format):
-        fmt.cache_bytes = max(0, int(cache_mb * 2**20))
-    source = fmt.open(path)
-    if source.valid_rows == 0:
-        fmt.close(source)
-        raise DataError(
-            "holds no rows (len 0)", file=path, hint="nothing to do; check the right file was given"
-        )
-    return source
-
-
-def manifest_of(source: Source) -> Manifest:
-    """The validated manifest of a compressed source."""
-    if source.meta is None:
-        raise InputError(
-            "is not compressed by obsdelta (no obsdelta metadata)",
-            file=source.path,
-            hint="compress it first, or pass the compressed output",
-        )
-    manifest = parse(source.meta, file=source.path)
-    found = {"batch dims": source.batch_dims, "valid rows": source.valid_rows}
-    claimed = {"batch dims": manifest.batch_dims, "valid rows": manifest.valid_rows}
-    for what, value in claimed.items():
-        if value != found[what]:
-            raise InputError(
-                f"metadata says {value} {what}, the data has {found[what]}",
-                file=source.path,
-                hint="the compressed dataset is damaged; restore it from a copy",
-            )
-    return manifest
-
-
-def stream_for(
-    source: Source, time_dim: int, chunk_mb: float, valid_rows: int | None = None
-) -> Stream:
-    if not chunk_mb > 0:
-        raise UsageError(f"--chunk-mb must be positive, got {chunk_mb}")
-    rows = source.valid_rows if valid_rows is None else valid_rows
-    return Stream(source.batch_dims, time_dim, rows, max(1, int(chunk_mb * 2**20)))
-
-
 def write(
     fmt: Format,
     source: Source,
@@ -147,7 +93,8 @@ def write(
             source=source.path,
             force=force,
             expected_bytes=expected,
-            replaceable=fmt.name,  # --force replaces only what obsdelta could have written
+            # --force replaces only what obsdelta could have written
+            replaceable=replaceable_by(fmt.name),
         ) as tmp:
             sink = fmt.create(tmp, source, plan)
             sink.path = tmp

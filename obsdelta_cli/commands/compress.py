@@ -28,20 +28,13 @@ from ..errors import DataError, InputError, UsageError
 from ..formats import Format, Key, LeafSpec, Pair, Plan, Sink, Source, detect, disk_size, key_str
 from ..formats.base import NOTHING_HINT
 from ..formats.leaf import is_data
+from ..inputs import open_detected, stream_for
 from ..manifest import HASH_ALGORITHM, ArrayNames, Error, KeyRecord, Manifest
 from ..report import Candidate, DatasetResult, KeyResult
 from ..selection import KeyGroup, candidates, check_time_dim, dtype_name, pairs_of
 from ..stats import ErrorStats
 from ..stream import Behind, Stream, beside
-from .common import (
-    DEFAULT_CHUNK_MB,
-    check_bound,
-    one_thread,
-    open_detected,
-    stream_for,
-    streamed_observations,
-    write,
-)
+from .common import DEFAULT_CHUNK_MB, check_bound, one_thread, streamed_observations, write
 from .encode import Pieces, encode_pair, measure_pair
 from .verify import object_skip, verify_written
 
@@ -225,7 +218,7 @@ def compress(
         from .pack import compress_packed
 
         return compress_packed(
-            input, output, codec=codec, keys=keys, max_abs_error=max_abs_error,
+            input, output, compress=compress, codec=codec, keys=keys, max_abs_error=max_abs_error,
             exceptions=exceptions, time_dim=time_dim, force=force, chunk_mb=chunk_mb,
             options=options, verify=verify, flat=flat,
         )  # fmt: skip

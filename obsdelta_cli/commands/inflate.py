@@ -8,19 +8,11 @@ from ..checksum import Hasher
 from ..errors import InputError
 from ..formats import Key, LeafSpec, Plan, Sink, disk_size, key_str
 from ..formats.packed import is_packed
+from ..inputs import manifest_of, open_input, stream_for
 from ..rebuild import StoredPair, stored_pairs
 from ..report import DatasetResult
 from ..stream import ahead
-from .common import (
-    DEFAULT_CHUNK_MB,
-    manifest_of,
-    one_thread,
-    open_input,
-    recorded_results,
-    stream_for,
-    streamed_observations,
-    write,
-)
+from .common import DEFAULT_CHUNK_MB, one_thread, recorded_results, streamed_observations, write
 from .verify import check_leaves, check_objects, expect, expect_leaf, mismatch
 
 
@@ -43,8 +35,9 @@ def inflate(
         from .pack import inflate_packed
 
         return inflate_packed(
-            input, output, force=force, chunk_mb=chunk_mb, named_after_input=named_after_input
-        )
+            input, output, inflate=inflate, force=force, chunk_mb=chunk_mb,
+            named_after_input=named_after_input,
+        )  # fmt: skip
     fmt, source = open_input(input)
     try:
         manifest = manifest_of(source)

@@ -11,31 +11,34 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..atomic import (
-    _dead,
-    _remove,
     atomic_output,
     check_output,
     full_disk_said,
+    of_dead_process,
+    remove_path,
     scratch_folder,
     write_back,
 )
-from ..batch import PACKED_SUFFIX
 from ..errors import ObsdeltaError, UsageError
 from ..formats import FORMATS, detect, disk_size
 from ..formats.hdf5 import HDF5Format
 from ..formats.hdf5_leaves import h5_file
 from ..formats.pack_flat import largest_family
-from ..formats.pack_io import pack, pack_into, packed_output
-from ..formats.pack_unpack import unpack
+from ..formats.pack_io import packed_output
 from ..formats.pack_writer import Chooser, Early
 from ..formats.packed import NAME
+from ..formats.packing import pack, pack_into, unpack
+from ..inputs import manifest_of, open_input
+from ..names import PACKED_SUFFIX
+from ..outputs import replaceable_by
 from ..report import DatasetResult
-from .common import DEFAULT_CHUNK_MB, manifest_of, open_input
+from .common import DEFAULT_CHUNK_MB
 from .verify import verify_written
 
 #: Working folders beside OUTPUT: ``.OUTPUT.obsdelta-pack-PID``.
@@ -70,10 +73,10 @@ ONLY_FILTERED = (
 def _work_dir(output: Path) -> Path:
     """A fresh working folder beside ``output``; those of dead runs are removed first."""
     for old in output.parent.glob(f".{output.name}{WORK_MARK}*"):
-        if _dead(old):
-            _remove(old)
+        if of_dead_process(old):
+            remove_path(old)
     work = output.parent / f".{output.name}{WORK_MARK}{os.getpid()}"
-    _remove(work)
+    remove_path(work)
     work.mkdir()
     return work
 
@@ -81,7 +84,7 @@ def _work_dir(output: Path) -> Path:
 def _with_working_copy(original: int) -> int:
     """Bytes ``--pack`` and the inflate of a packed file need at most, for a dataset of
     ``original`` bytes: the working copy (the inner container) and the output, each at most
-    the original plus 5% (see :func:`..atomic.estimate_output_bytes`)."""
+    the original plus 5% (see :func:`..outputs.estimate_output_bytes`)."""
     return int(original * 2.1) + (1 << 20)
 
 
@@ -130,6 +133,7 @@ def compress_packed(
     input: Path,
     output: Path,
     *,
+    compress: Callable[..., DatasetResult],
     force: bool = False,
     chunk_mb: float = DEFAULT_CHUNK_MB,
     verify: bool = True,
@@ -137,15 +141,15 @@ def compress_packed(
     **options: Any,
 ) -> DatasetResult:
     """``compress`` into one packed HDF5 file ``output`` (``options`` as for ``compress``);
-    ``flat``: each key's datasets of every episode as one dataset (:mod:`..formats.pack_flat`)."""
-    from .compress import compress
-
+    ``flat``: each key's datasets of every episode as one dataset (:mod:`..formats.pack_flat`).
+    ``compress`` writes the inner container: the command's own function, handed in by it, as
+    this module sits below the commands that use it."""
     input, output = Path(input), Path(output)
     name = _check_packable(input, flat)
     check_output(output, input, force=force)  # refuse early, before any work
     with (
         full_disk_said(output, lambda: _with_working_copy(disk_size(input))),
-        atomic_output(output, source=input, force=force, replaceable=NAME) as tmp,
+        atomic_output(output, source=input, force=force, replaceable=replaceable_by(NAME)) as tmp,
     ):
         work = _work_dir(output)
         try:
@@ -170,11 +174,11 @@ def compress_packed(
                 finally:
                     fmt.close(source)
         except BaseException:
-            _remove(work)
+            remove_path(work)
             raise
         # Deleting the working folder (the kernel freeing its pages: 0.05-0.08 s for the 290 MB
         # of a 500 MB D4RL file's) overlaps the verification.
-        removing = threading.Thread(target=_remove, args=(work,), name="obsdelta-remove")
+        removing = threading.Thread(target=remove_path, args=(work,), name="obsdelta-remove")
         removing.start()
         try:
             writing = write_back(tmp)  # to disk while it is verified
@@ -209,14 +213,14 @@ def inflate_packed(
     input: Path,
     output: Path,
     *,
+    inflate: Callable[..., DatasetResult],
     force: bool = False,
     chunk_mb: float = DEFAULT_CHUNK_MB,
     named_after_input: bool = False,
 ) -> DatasetResult:
     """``inflate`` a packed file: the original container, in its own format, at ``output``
-    (with ``named_after_input``, at its :func:`unpacked_name` beside ``output``)."""
-    from .inflate import inflate
-
+    (with ``named_after_input``, at its :func:`unpacked_name` beside ``output``); ``inflate``
+    (the command's own function) inflates the unpacked inner container."""
     input, output = Path(input), Path(output)
     fmt, source = open_input(input)
     opened = True
@@ -237,7 +241,7 @@ def inflate_packed(
                 # as recorded at compress time) run as it is inflated.
                 result = inflate(inner, output, force=force, chunk_mb=chunk_mb)
             finally:
-                _remove(work)
+                remove_path(work)
     except ObsdeltaError as exc:
         exc.output = output  # the batch reports where it was to go
         raise
@@ -248,13 +252,16 @@ def inflate_packed(
 
 
 def predict_packed(
-    input: Path, *, chunk_mb: float = DEFAULT_CHUNK_MB, flat: bool = False, **options: Any
+    input: Path,
+    *,
+    compress: Callable[..., DatasetResult],
+    chunk_mb: float = DEFAULT_CHUNK_MB,
+    flat: bool = False,
+    **options: Any,
 ) -> int:
     """Bytes ``compress --pack`` would write for ``input``: the compressed dataset is written to
-    a working folder, then packed with only a sample of each dataset's chunks, the size of the
-    others extrapolated."""
-    from .compress import compress
-
+    a working folder by ``compress`` (the command's function), then packed with only a sample
+    of each dataset's chunks, the size of the others extrapolated."""
     input = Path(input)
     _check_packable(input, flat)
     probe = Path(os.environ.get("TMPDIR", "/tmp")) / f"obsdelta-report-{os.getpid()}"
@@ -271,4 +278,4 @@ def predict_packed(
         finally:
             fmt.close(source)
     finally:
-        _remove(work)
+        remove_path(work)

@@ -10,20 +10,12 @@ from ..codecs import AUTO, CODECS, DEFAULT_CODEC, make_codec
 from ..errors import UsageError
 from ..formats import Source, detect, disk_size, key_str
 from ..formats.hdf5_leaves import OWN, H5Leaf
+from ..inputs import manifest_of, open_detected, stream_for
 from ..rebuild import stored_pairs
 from ..report import DatasetResult, KeyResult
 from ..selection import KeyGroup, candidates, check_time_dim, pairs_of
-from .common import (
-    DEFAULT_CHUNK_MB,
-    check_bound,
-    manifest_of,
-    one_thread,
-    open_detected,
-    original_size,
-    recorded_results,
-    stream_for,
-)
-from .compress import auto_pick, key_result, measure_key
+from .common import DEFAULT_CHUNK_MB, check_bound, one_thread, original_size, recorded_results
+from .compress import auto_pick, compress, key_result, measure_key
 
 
 @one_thread
@@ -117,8 +109,8 @@ def report(
         from .pack import flat_hint, predict_packed
 
         predicted = predict_packed(
-            input, codec=codec, keys=keys, max_abs_error=max_abs_error, time_dim=time_dim,
-            chunk_mb=chunk_mb, flat=flat,
+            input, compress=compress, codec=codec, keys=keys, max_abs_error=max_abs_error,
+            time_dim=time_dim, chunk_mb=chunk_mb, flat=flat,
         )  # fmt: skip
         note = "--pack: the size after is predicted from a sample of each key's chunks"
         note += "" if flat else flat_hint(Path(input), fmt.name)

@@ -12,19 +12,12 @@ from ..checksum import Hasher
 from ..errors import DataError, ObsdeltaError
 from ..formats import Format, Key, Source, detect, disk_size, key_str
 from ..formats.hdf5_objects import is_replaced_twin
+from ..inputs import manifest_of, open_input, stream_for
 from ..manifest import HASH_ALGORITHM, Manifest
 from ..rebuild import StoredPair, stored_pairs
 from ..report import DatasetResult
 from ..stream import Geometry, Stream, ahead, beside
-from .common import (
-    DEFAULT_CHUNK_MB,
-    manifest_of,
-    one_thread,
-    open_input,
-    original_size,
-    recorded_results,
-    stream_for,
-)
+from .common import DEFAULT_CHUNK_MB, one_thread, original_size, recorded_results
 
 
 def mismatch(file: Path, key: str, what: str, recorded: str, found: str | None) -> DataError:

@@ -41,7 +41,7 @@ from .hdf5_leaves import (
     leaf_dtype,
     objects_of,
 )
-from .hdf5_meta import MANIFEST, write_meta
+from .hdf5_meta import MANIFEST
 from .hdf5_safety import damaged_pack, scale_offset
 from .leaf import FileLeaf
 from .pack_columns import Shared, kept_path, plan_columns, write_virtual
@@ -92,60 +92,13 @@ def inner_manifest(manifest: Manifest, file: Path) -> Manifest:
     return inner
 
 
-def pack(
-    inner: Source,
-    inner_name: str,
-    manifest: Manifest,
-    out: Path,
-    chooser: Chooser,
-    *,
-    flat: bool = False,
-) -> int:
-    """Write the packed file ``out`` from the opened compressed container ``inner``; return its
-    size, or with ``chooser.sample``, the size predicted for the whole file. ``flat``: the
-    datasets of an HDF5 inner's episodes as one dataset per key (:mod:`.pack_flat`)."""
-    with packed_output(out) as f:
-        pack_into(f, inner, inner_name, manifest, chooser, flat=flat)
-    return out.stat().st_size + round(chooser.extra)
-
-
 @contextmanager
 def packed_output(path: Path) -> Iterator[h5py.File]:
-    """A new packed file, to be filled by :func:`pack_into`; flushed and closed at the end (see
-    :func:`h5_output`)."""
+    """A new packed file, to be filled by :func:`~.packing.pack_into`; flushed and closed at
+    the end (see :func:`h5_output`)."""
     with h5_output(path, LIBVER) as f:
         minimal_headers(f)
         yield f
-
-
-def pack_into(
-    f: h5py.File,
-    inner: Source,
-    inner_name: str,
-    manifest: Manifest,
-    chooser: Chooser,
-    *,
-    flat: bool = False,
-    early: dict[Key, dict[str, Any]] | None = None,
-) -> None:
-    """Fill the new packed file ``f`` (:func:`packed_output`) as :func:`pack` says; ``early``:
-    the entries of the leaves of a folder inner already written to ``f`` (:class:`Early`)."""
-    if flat and isinstance(inner.handle, h5py.File):
-        from .pack_flat import pack_flat  # it builds on this module
-
-        info = pack_flat(inner.handle, f, chooser)
-    elif flat:
-        raise UsageError("--flat takes HDF5 inputs only", file=inner.path)
-    elif isinstance(inner.handle, h5py.File):
-        info = _pack_hdf5(inner.handle, f, chooser)
-    elif inner_name == "ted-pt":
-        from .pack_pt import pack_pt  # it builds on this module
-
-        info = pack_pt(inner, f, chooser)
-    else:
-        info = _pack_folder(inner, f, chooser, early or {})
-    meta = packed_manifest(manifest, inner_name, info).to_json()
-    write_meta(f, meta, plain_bytes=PLAIN_MANIFEST_BYTES)
 
 
 @contextmanager
@@ -246,7 +199,7 @@ def copy_structure(
     walk(src, out)
 
 
-def _pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, Any]:
+def pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, Any]:
     datasets: dict[str, Any] = {}
     repacked = {
         name: obj
@@ -322,7 +275,7 @@ def _write_kept(
     return entry
 
 
-def _pack_folder(
+def pack_folder(
     inner: Source, out: h5py.File, chooser: Chooser, early: dict[Key, dict[str, Any]]
 ) -> dict[str, Any]:
     root = inner.path

@@ -29,14 +29,13 @@ from .hdf5_leaves import (
 from .hdf5_meta import MANIFEST, write_meta
 from .hdf5_objects import hash_objects_apart
 from .hdf5_safety import damaged_pack, reading_pack
-from .pack_io import group_like, h5_output, inner_manifest
+from .pack_io import group_like, h5_output
 from .pack_writer import BLOCK_BYTES, stored_rows
 from .packed import (
     COMMAND_CACHE_BYTES,
     PACK,
     TRANSFORM_ATTR,
     file_bytes,
-    pack_info,
     repacked_leaf,
 )
 
@@ -49,26 +48,12 @@ def _safe_rel(rel: Any, file: Path) -> Path:
     return Path(*parts)
 
 
-def unpack(packed: Source, manifest: Manifest, out: Path) -> None:
-    """Write the inner container of the opened packed file ``packed`` to ``out``."""
-    info = pack_info(packed.meta or {}, packed.path)
-    inner = inner_manifest(manifest, packed.path)
-    if info["kind"] == "folder":
-        _unpack_folder(packed, info, inner, out)
-    elif info["kind"] == "pt":
-        from .pack_pt import unpack_pt
-
-        unpack_pt(packed, info, out)
-    else:
-        _unpack_hdf5(packed, info, inner, out)
-
-
 def _copy_rows(leaf: Any, rows: int, write: Callable[[int, np.ndarray], None], step: int) -> None:
     for start in range(0, rows, step):
         write(start, stored_rows(leaf.read(start, min(rows, start + step))))
 
 
-def _unpack_folder(packed: Source, info: dict[str, Any], inner: Manifest, out: Path) -> None:
+def unpack_folder(packed: Source, info: dict[str, Any], inner: Manifest, out: Path) -> None:
     f: h5py.File = packed.handle
     out.mkdir()
     for rel in info["dirs"]:
@@ -107,7 +92,7 @@ def _check_kept(packed: Source, datasets: dict[str, Any], inner: Manifest) -> No
         raise damaged_pack(packed.path, f"object {name or '/'} {what}")
 
 
-def _unpack_hdf5(packed: Source, info: dict[str, Any], inner: Manifest, out: Path) -> None:
+def unpack_hdf5(packed: Source, info: dict[str, Any], inner: Manifest, out: Path) -> None:
     src: h5py.File = packed.handle
     if inner.objects:  # recorded by format 2 on
         _check_kept(packed, info["datasets"], inner)
