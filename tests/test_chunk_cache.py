@@ -152,7 +152,7 @@ def test_each_band_is_decoded_once_while_kept(d4rl_gzip: tuple[Path, Path]) -> N
 
 def test_commands_keep_no_decoded_chunks(d4rl_gzip: tuple[Path, Path]) -> None:
     """The commands read each chunk once, in order: nothing is kept for them."""
-    from obsdelta_cli.commands.common import open_input
+    from obsdelta_cli.inputs import open_input
 
     fmt, source = open_input(d4rl_gzip[1])
     try:

@@ -147,7 +147,6 @@ class DirectChunks:
         self.chunks: tuple[int, ...] = tuple(ds.chunks)
         self.dtype = ds.dtype
         self.chunk_bytes = math.prod(self.chunks) * self.dtype.itemsize
-        self.file_size = os.fstat(fd()).st_size  # of the file as opened, not of its name
         # Whether partial edge chunks were filtered like the others: HDF5 can be told not to,
         # and where that cannot be asked, they are left to HDF5.
         self.edges_direct = _chunk_opts(ds.id.get_create_plist()) == 0
@@ -197,6 +196,12 @@ class DirectChunks:
         except (TypeError, ValueError, RuntimeError, OSError):
             return None
         return cls(ds, file, fd, pipeline, reopen)
+
+    @functools.cached_property
+    def file_size(self) -> int:
+        """The size of the file as opened (not of whatever now has its name), asked at the
+        first read."""
+        return os.fstat(self._fd()).st_size
 
     def _table(self) -> dict[Coord, Stored]:
         """Every stored chunk, from HDF5's chunk index in one walk."""
