@@ -121,14 +121,15 @@ def layer_of(module: str) -> str:
     found = [
         name
         for name, _, patterns in LAYERS
-        if any(_matches(module, pattern) for pattern in patterns)
+        if any(matches(module, pattern) for pattern in patterns)
     ]
     if len(found) != 1:
         raise LookupError(f"module {module!r} is in {len(found)} layers: {found}")
     return found[0]
 
 
-def _matches(module: str, pattern: str) -> bool:
+def matches(module: str, pattern: str) -> bool:
+    """Whether ``pattern`` of :data:`LAYERS` names ``module``."""
     if pattern.endswith(".*") and module == pattern[:-2]:  # the package's __init__
         return True
     return fnmatch.fnmatchcase(module, pattern) if "*" in pattern else module == pattern

@@ -49,11 +49,10 @@ def _type_checking_only(tree: ast.Module) -> set[int]:
     return skipped
 
 
-def _resolve(name: str, package: str, known: Iterable[str]) -> str:
+def _resolve(name: str, known: set[str]) -> str:
     """``name`` (absolute, dotted) as the module of ``known`` it lands in."""
-    names = set(known)
     relative = name.removeprefix(PACKAGE).lstrip(".")
-    while relative not in names:
+    while relative not in known:
         relative = relative.rpartition(".")[0]
     return relative
 
@@ -61,7 +60,7 @@ def _resolve(name: str, package: str, known: Iterable[str]) -> str:
 def imports_of(path: Path, module: str, known: Iterable[str]) -> dict[str, int]:
     """The package's modules ``module`` (at ``path``) imports, with the line of the first
     import of each."""
-    known = set(known)
+    names = set(known)
     tree = ast.parse(path.read_text(), filename=str(path))
     skipped = _type_checking_only(tree)
     is_package = path.name == "__init__.py"
@@ -83,13 +82,13 @@ def imports_of(path: Path, module: str, known: Iterable[str]) -> dict[str, int]:
             # ``from pkg import mod`` imports the module pkg.mod; ``from pkg import name``, pkg.
             targets = [
                 f"{origin}.{a.name}"
-                if f"{origin}.{a.name}".removeprefix(PACKAGE).lstrip(".") in known
+                if f"{origin}.{a.name}".removeprefix(PACKAGE).lstrip(".") in names
                 else origin
                 for a in node.names
             ]
         for target in targets:
             if target == PACKAGE or target.startswith(PACKAGE + "."):
-                imported = _resolve(target, package, known)
+                imported = _resolve(target, names)
                 if imported != module:
                     found.setdefault(imported, node.lineno)
     return found
@@ -179,7 +178,7 @@ def test_every_layer_pattern_names_a_module() -> None:
     names = list(modules())
     for layer, _, patterns in layers.LAYERS:
         for pattern in patterns:
-            assert any(layers._matches(m, pattern) for m in names), (layer, pattern)
+            assert any(layers.matches(m, pattern) for m in names), (layer, pattern)
 
 
 def test_a_circle_is_found_and_shown_with_its_path() -> None:
