@@ -198,6 +198,24 @@ def test_an_own_name_in_a_plain_folder_is_refused(
     expect_error(cli, "compress", src, "--pack", "-o", tmp_path / "out.h5", says=says)
 
 
+@pytest.mark.parametrize("value", ["tensor", "string"])
+@pytest.mark.parametrize("command", ["compress", "report"])
+def test_an_own_key_in_a_pt_file_is_refused(
+    cli: Cli, tmp_path: Path, rows: TensorDictBase, value: str, command: str
+) -> None:
+    """A user's own ``_obsdelta`` leaf in a ``.pt`` file: a tensor there was a traceback, a
+    string was called damaged."""
+    td = rows.clone()
+    if value == "tensor":
+        td["_obsdelta"] = torch.zeros(td.shape)
+    else:
+        td.set_non_tensor("_obsdelta", "kept by the user")
+    src = tmp_path / "own.pt"
+    torch.save(td, src)
+    says = [src, "key _obsdelta is a name obsdelta writes itself"]
+    expect_error(cli, *command_line(command, src, tmp_path), says=says)
+
+
 def test_an_own_name_is_refused_by_open_dataset(tmp_path: Path, rows: TensorDictBase) -> None:
     src = write("ted-memmap", rows, tmp_path)
     own = _own_folder(src / "obsdelta.arrays")

@@ -20,10 +20,11 @@ from tensordict import TensorDictBase
 from obsdelta_cli import compress, inflate, report, verify
 from obsdelta_cli.arrays import BFLOAT16
 from obsdelta_cli.errors import InputError
-from obsdelta_cli.formats import hdf5_leaves
+from obsdelta_cli.formats import hdf5_leaves, hdf5_walk
 from obsdelta_cli.formats.hdf5 import H5_COMPRESSIONS, read_meta
-from obsdelta_cli.formats.hdf5_leaves import H5Arrays, leaves_of, object_at, objects_of
+from obsdelta_cli.formats.hdf5_leaves import H5Arrays, leaves_of
 from obsdelta_cli.formats.hdf5_objects import hash_objects, hash_objects_apart
+from obsdelta_cli.formats.hdf5_walk import object_at, objects_of
 from obsdelta_cli.manifest import FORMAT_VERSION
 
 from .conftest import SAMPLE, Cli, load_sample, tree_hash
@@ -562,13 +563,13 @@ def test_a_file_open_read_only_is_walked_once(
     # robomimic file's thousands of objects.
     path = write_robomimic(load_sample("hopper_ted")[:300], tmp_path / "demos.hdf5")
     walks: list[str] = []
-    real = hdf5_leaves._names
+    real = hdf5_walk._names
 
     def names(f: h5py.File) -> Any:
         walks.append(f.name)
         return real(f)
 
-    monkeypatch.setattr(hdf5_leaves, "_names", names)
+    monkeypatch.setattr(hdf5_walk, "_names", names)
     with h5py.File(path, "r") as f:
         expected: list[tuple[str, Any]] = []
         f.visititems(lambda name, obj: expected.append((name, obj)))
@@ -586,7 +587,7 @@ def test_a_file_open_read_only_is_walked_once(
         key = id(f)
     del f
     gc.collect()
-    assert key not in hdf5_leaves._SHARED  # the walk went with its File
+    assert key not in hdf5_walk._SHARED  # the walk went with its File
     with h5py.File(path, "r+") as f:  # open for writing: objects may change, walked each time
         list(objects_of(f))
         f.create_group("added")
@@ -603,7 +604,7 @@ def test_a_file_of_many_objects_is_read_with_few_open(
     # HDF5 keeps about 12.5 KB for each open object: a robomimic file of 2,000 demos (34,000
     # objects) held 424 MB open once walked, and its leaves 150 MB more. Now at most HELD are.
     path = write_robomimic(load_sample("hopper_ted")[:300], tmp_path / "demos.hdf5")
-    monkeypatch.setattr(hdf5_leaves, "HELD", 4)
+    monkeypatch.setattr(hdf5_walk, "HELD", 4)
     with h5py.File(path, "r") as f:
         assert sum(1 for _ in objects_of(f)) > 4 * 4 and _open_objects(f) <= 4
         leaves = leaves_of(f, path)
@@ -625,15 +626,15 @@ def test_a_second_pass_over_a_file_of_many_objects_finds_most_of_them_open(
     # Every pass asks for a file's objects in the same order: with only the most recently used
     # kept, a file of more objects than HELD had each closed just before it was asked for again.
     path = write_robomimic(load_sample("hopper_ted")[:300], tmp_path / "demos.hdf5")
-    monkeypatch.setattr(hdf5_leaves, "HELD", 8)
+    monkeypatch.setattr(hdf5_walk, "HELD", 8)
     opened: list[bytes] = []
-    real = hdf5_leaves._open
+    real = hdf5_walk._open
 
     def counted(f: h5py.File, raw: bytes, *rest: Any) -> Any:
         opened.append(raw)
         return real(f, raw, *rest)
 
-    monkeypatch.setattr(hdf5_leaves, "_open", counted)
+    monkeypatch.setattr(hdf5_walk, "_open", counted)
     with h5py.File(path, "r") as f:
         names = [name for name, _ in objects_of(f)]
         assert len(names) > 3 * 8 and len(opened) == len(names)

@@ -467,7 +467,7 @@ def test_each_dataset_gets_the_chunk_cache_slots_it_needs(
     # file of 600 chunked datasets. Slots follow each dataset's chunk count instead, in packed
     # files and in the inputs they come from.
     from obsdelta_cli import filters
-    from obsdelta_cli.formats.hdf5_leaves import CACHE_SLOTS, objects_of
+    from obsdelta_cli.formats.hdf5_walk import CACHE_SLOTS, objects_of
 
     monkeypatch.setattr(filters, "CHUNK_BYTES", 256)  # about 1,000 chunks in the largest
     inputs = [write_robomimic(hopper[:600], tmp_path / "demos.hdf5"), tmp_path / "d4rl.hdf5"]
@@ -498,7 +498,7 @@ def test_each_dataset_gets_the_chunk_cache_slots_it_needs(
 def test_walks_leave_out_the_layout_twins(tmp_path: Path, hopper: TensorDictBase) -> None:
     # One empty twin per repacked dataset, read by path when unpacking: a walk opened each of
     # them (verifying a packed robomimic file of 1,000 demos peaked at 4.1 GB).
-    from obsdelta_cli.formats.hdf5_leaves import LAYOUT_TWINS, objects_of
+    from obsdelta_cli.formats.hdf5_walk import LAYOUT_TWINS, objects_of
 
     src = write_robomimic(hopper[:600], tmp_path / "demos.hdf5")
     packed = tmp_path / "packed.h5"

@@ -28,7 +28,7 @@ from ..atomic import (
 from ..errors import ObsdeltaError, UsageError
 from ..formats import FORMATS, detect, disk_size
 from ..formats.hdf5 import HDF5Format
-from ..formats.hdf5_leaves import h5_file
+from ..formats.hdf5_walk import h5_file
 from ..formats.pack_flat import largest_family
 from ..formats.pack_io import packed_output
 from ..formats.pack_writer import Chooser, Early

@@ -9,7 +9,8 @@ from pathlib import Path
 from ..codecs import AUTO, CODECS, DEFAULT_CODEC, make_codec
 from ..errors import UsageError
 from ..formats import Source, detect, disk_size, key_str
-from ..formats.hdf5_leaves import OWN, H5Leaf
+from ..formats.hdf5_leaves import H5Leaf
+from ..formats.hdf5_walk import OWN
 from ..inputs import manifest_of, open_detected, stream_for
 from ..rebuild import stored_pairs
 from ..report import DatasetResult, KeyResult

@@ -36,20 +36,18 @@ from .hdf5_leaves import (
     BF16_ATTR,
     MAGIC,
     META_ATTR,
-    OWN,
     REPLACED_TWINS,
     H5Arrays,
     H5Leaf,
     copy_attrs,
     h5_dtype,
-    h5_file,
     leaf_dtype,
     leaves_of,
-    object_at,
 )
 from .hdf5_meta import read_meta, write_meta
 from .hdf5_objects import hash_objects, hash_objects_apart, header_bytes
 from .hdf5_safety import check_contained, damaged_file, written_here
+from .hdf5_walk import OWN, h5_file, object_at
 
 hdf5plugin: Any
 try:  # registers Zstd, Blosc, LZ4, ... filters for reading and writing, when installed

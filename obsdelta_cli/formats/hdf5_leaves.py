@@ -5,11 +5,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
-import threading
-import weakref
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,22 +13,24 @@ import numpy as np
 from h5py._objects import phil
 
 from ..arrays import BFLOAT16, DTYPES, dtype_name
-from ..errors import FileChangedError, InputError
+from ..errors import InputError
 from .base import ArrayStore, Key
 from .chunk_cache import BandReads, ChunkCache
-from .direct import ColdReads
 from .hdf5_chunks import DirectChunks
 from .hdf5_safety import scale_offset
 from .hdf5_types import type_anew
+from .hdf5_walk import (
+    OWN,
+    FileReads,
+    Held,
+    file_reads,
+    objects_of,
+    shared_of,
+)
 from .leaf import FlatRows, LazyLeaf, map_private, read_exact
 
 MAGIC = b"\x89HDF\r\n\x1a\n"
 META_ATTR = "obsdelta"
-OWN = "obsdelta"
-#: A packed file's empty twins of its repacked datasets (their original creation properties),
-#: one per dataset: read by path when a dataset is unpacked, and left out of walks, which open
-#: what they list (HDF5 holds about 13 KB for each open dataset).
-LAYOUT_TWINS = f"{OWN}/pack/layout"
 #: Empty datasets with the creation properties and attributes of each next-observation dataset
 #: a compressed HDF5 file replaced: ``inflate`` recreates the dataset from its twin.
 REPLACED_TWINS = f"{OWN}/layout"
@@ -134,80 +131,6 @@ def is_bf16(ds: h5py.Dataset) -> bool:
     return dtype.itemsize == 2 and dtype.kind in "iu" and ds.attrs.get(BF16_ATTR) == "bfloat16"
 
 
-class FileReads:
-    """The descriptor, and the reads past the page cache, that the leaves of one file share:
-    each of a robomimic file's hundreds of datasets would otherwise open the file twice and map
-    it once. Opened at the first read; closed when no leaf holds it any more."""
-
-    def __init__(
-        self, file: Path, read_only: bool, opened: Callable[[], h5py.File | None] | None = None
-    ) -> None:
-        """``opened``: gives the h5py File of ``file`` (``None`` once it is gone), whose
-        descriptor reads are made through while it is open."""
-        self.file = file
-        #: Raw reads are made only of a file open read-only: no write can be pending in HDF5.
-        self.read_only = read_only
-        self.fd = -1
-        self.cold: ColdReads | None = None
-        self._opening = threading.Lock()  # leaves are read from the read-ahead thread too
-        self._size: int | None = None
-        self._h5 = opened
-
-    def file_size(self) -> int:
-        """The file's size, asked once of a file open read-only (it cannot change)."""
-        if self._size is None or not self.read_only:
-            self._size = os.fstat(self.descriptor()).st_size
-        return self._size
-
-    def open(self) -> tuple[int, ColdReads]:
-        with self._opening:
-            if self.cold is None:
-                self.fd = self._h5_descriptor()
-                if self.fd < 0:
-                    self.fd = os.open(self.file, os.O_RDONLY)
-                self.cold = ColdReads(self.fd)
-            return self.fd, self.cold
-
-    def _h5_descriptor(self) -> int:
-        """A descriptor of the file HDF5 opened, -1 where HDF5 has none: that file even if
-        another has been put at its name since (an output written again), so that raw reads
-        and HDF5's own see the same bytes. Opened anew, not duplicated: a duplicate would
-        share, and so keep, HDF5's lock on the file after HDF5 closes it."""
-        f = None if self._h5 is None else self._h5()
-        try:
-            if f is None or not f.id.valid or f.driver != "sec2":
-                return -1
-            held = f.id.get_vfd_handle()
-        except (ValueError, TypeError, RuntimeError):
-            return -1  # closed meanwhile
-        try:
-            return os.open(f"/proc/self/fd/{held}", os.O_RDONLY)
-        except OSError:  # no /proc: by name, if the name still holds that file
-            fd = os.open(self.file, os.O_RDONLY)
-            if not os.path.sameopenfile(fd, held):
-                os.close(fd)
-                raise FileChangedError(self.file) from None
-            return fd
-
-    def descriptor(self) -> int:
-        """The shared descriptor, opened at the first call."""
-        return self.open()[0]
-
-    def close(self) -> None:
-        """Close the descriptor now (a later read opens it again)."""
-        with self._opening:
-            cold, self.cold = self.cold, None
-            if cold is not None:
-                cold.close()
-            fd, self.fd = self.fd, -1
-            if fd >= 0:
-                os.close(fd)
-
-    def __del__(self) -> None:
-        if hasattr(self, "_opening"):  # set after fd and cold; unset if a signal cut __init__ short
-            self.close()
-
-
 class H5Leaf(LazyLeaf):
     """An h5py dataset read and written by row slices."""
 
@@ -219,13 +142,13 @@ class H5Leaf(LazyLeaf):
         owner: h5py.File | None = None,
     ) -> None:
         """``owner``: the File ``ds`` was opened from, where it is open read-only: the leaf
-        then holds no handle of its own, but asks the file's held objects (:class:`_Held`)
+        then holds no handle of its own, but asks the file's held objects (:class:`Held`)
         for one when it needs it, so that a file's thousands of leaves do not hold as many
         open datasets."""
         self._ds: h5py.Dataset | None = ds
-        self._held: tuple[_Held, str] | None = None
+        self._held: tuple[Held, str] | None = None
         if owner is not None and owner.mode == "r":
-            self._ds, self._held = None, (_shared(owner).held, ds.name.lstrip("/"))
+            self._ds, self._held = None, (shared_of(owner).held, ds.name.lstrip("/"))
         self.file = file
         self.shape = tuple(ds.shape)
         # Asked of the low-level dataset, once: each of h5py's own properties takes its lock
@@ -421,224 +344,6 @@ class OpaqueLeaf(LazyLeaf):
     def write(self, start: int, value: np.ndarray) -> None:
         raw = np.ascontiguousarray(value).reshape(len(value), -1).view(np.uint8)
         self.ds[start : start + len(value)] = raw.view(self.ds.dtype).reshape(-1)
-
-
-#: Objects of a file open read-only held open at once (:class:`_Held`): HDF5 keeps about 12.5
-#: KB for each open object, so 4,096 take about 50 MB. A file with fewer (a robomimic file of
-#: up to about 240 demos) is opened object by object once; one with more (34,000 objects in a
-#: robomimic file of 2,000 demos, 424 MB held open) keeps the first it opened, and the most
-#: recently used of the others.
-HELD = 4096
-
-
-class _Held:
-    """The objects of one h5py File open read-only, opened as asked and kept open, at most
-    :data:`HELD`: a walk of the file, and every leaf of it, gets its objects here instead of
-    holding its own handles.
-
-    The first opened stay open; the others share a sixteenth of the places, the least recently
-    used closed first. Every pass over a file (its leaves, the walk that checks its objects,
-    the reads) asks for its objects in the same order, and with only the most recently used
-    kept, a file of more objects than that had each one closed just before it was asked for
-    again: every pass opened every object."""
-
-    def __init__(self, f: h5py.File) -> None:
-        self._file = weakref.ref(f)  # not kept alive by this: the entry goes with it
-        _, self._slots, self._nbytes, self._w0 = f.id.get_access_plist().get_cache()
-        self._first: dict[bytes, Any] = {}
-        self._recent: OrderedDict[bytes, Any] = OrderedDict()
-        self._lock = threading.Lock()  # leaves are read from the read-ahead thread too
-
-    def get(self, name: str | bytes) -> Any:
-        """The object at ``name`` (a path from the root, without the leading slash)."""
-        raw = _raw_name(name)
-        with self._lock:
-            obj = self._first.get(raw)
-            if obj is None and (obj := self._recent.get(raw)) is not None:
-                self._recent.move_to_end(raw)
-            if obj is not None:
-                return obj
-        f = self._file()
-        assert f is not None  # asked through the File itself, or a leaf that holds it
-        with phil:
-            obj = _open(f, raw, True, self._slots, self._nbytes, self._w0)
-        recent = max(1, HELD // 16)
-        closed = []
-        with self._lock:
-            held = self._first.get(raw, self._recent.get(raw))
-            if held is not None:  # opened meanwhile by another thread: that one is kept
-                closed.append(obj)
-                obj = held
-            elif len(self._first) < HELD - recent:
-                self._first[raw] = obj
-            else:
-                self._recent[raw] = obj
-                while len(self._recent) > recent:
-                    closed.append(self._recent.popitem(last=False)[1])
-        # Closed here, out of the lock: h5py takes its own lock to close an object, and a
-        # thread holding that one may be waiting for this one.
-        del closed
-        return obj
-
-
-class _Shared:
-    """What the readers of one h5py File open read-only share: its descriptor and reads (see
-    FileReads), the names of its objects, walked at the first call that needs them, and the
-    objects held open (:class:`_Held`)."""
-
-    def __init__(self, f: h5py.File) -> None:
-        # Held by the leaves, not here: the descriptor closes when no leaf holds it any more.
-        self._reads: weakref.ref[FileReads] | None = None
-        self._file = weakref.ref(f)  # not kept alive by this: the entry goes with it
-        self._names: list[bytes] | None = None
-        self._known: set[bytes] | None = None
-        self.held = _Held(f)
-
-    def reads(self) -> FileReads:
-        reads = None if self._reads is None else self._reads()
-        if reads is None:
-            f = self._file()
-            assert f is not None  # asked through the File itself
-            reads = FileReads(Path(f.filename), read_only=True, opened=self._file)
-            self._reads = weakref.ref(reads)
-        return reads
-
-    def names(self) -> list[bytes]:
-        if self._names is None:
-            f = self._file()
-            assert f is not None  # asked through the File itself
-            self._names = _names(f)
-        return self._names
-
-    def objects(self) -> Iterator[tuple[str, Any]]:
-        for raw in self.names():
-            yield _name(raw), self.held.get(raw)
-
-    def at(self, path: str) -> Any:
-        if self._known is None:
-            self._known = set(self.names())
-        raw = _raw_name(path)
-        return self.held.get(raw) if raw in self._known else None
-
-
-#: By ``id`` of the h5py File open read-only; an entry goes with its File.
-_SHARED: dict[int, tuple[weakref.ref[h5py.File], _Shared]] = {}
-
-
-def _shared(f: h5py.File) -> _Shared:
-    key = id(f)
-    hit = _SHARED.get(key)
-    if hit is None or hit[0]() is not f:
-        hit = (weakref.ref(f, lambda _ref: _SHARED.pop(key, None)), _Shared(f))
-        _SHARED[key] = hit
-    return hit[1]
-
-
-def file_reads(f: h5py.File) -> FileReads:
-    """The reads every leaf of ``f`` shares: one descriptor for a file's hundreds of datasets.
-    A file open for writing gets reads that make no raw read (a write may be pending)."""
-    return _shared(f).reads() if f.mode == "r" else FileReads(Path(f.filename), read_only=False)
-
-
-def objects_of(f: h5py.File) -> Iterable[tuple[str, Any]]:
-    """Every object below the root (groups and datasets, as h5py objects) but
-    :data:`LAYOUT_TWINS`, by path, in the order ``visititems`` visits them. Each is opened as
-    the walk reaches it, and not held by the walk: HDF5 holds about 12.5 KB for each open
-    object, and a robomimic file of 2,000 demos has 34,000. A file open read-only is walked
-    once, its objects held open up to :data:`HELD` of them (:class:`_Held`): its objects
-    cannot change, and opening its leaves, checking its objects and packing it each need
-    them, while h5py takes 30-60 µs to open each. A file open for writing is walked afresh."""
-    return _shared(f).objects() if f.mode == "r" else _visit(f)
-
-
-def object_at(f: h5py.File, path: str) -> Any:
-    """``f.get(path)`` (no leading slash), from the walk of a file open read-only."""
-    return _shared(f).at(path) if f.mode == "r" else f.get(path)
-
-
-def _names(f: h5py.File) -> list[bytes]:
-    """The names ``f.visititems`` visits, but those of :data:`LAYOUT_TWINS`."""
-    names: list[bytes] = []
-    with phil:
-        h5py.h5o.visit(f.id, names.append)
-    twins = LAYOUT_TWINS.encode()
-    return [raw for raw in names if not (raw == twins or raw.startswith(twins + b"/"))]
-
-
-def _visit(f: h5py.File) -> Iterator[tuple[str, Any]]:
-    """What ``f.visititems`` visits, made with h5py's low-level calls as they are asked for:
-    its ``f[name]`` makes a File object for every object it opens (to ask the file's mode),
-    which took 80 µs an object against 30-50 µs here (a 4,000-object robomimic file: 0.27-0.37
-    s against 0.17-0.32 s). Datasets get chunk caches sized by :func:`_cache_slots`."""
-    readonly = f.mode == "r"
-    _, slots, nbytes, w0 = f.id.get_access_plist().get_cache()
-    for raw in _names(f):
-        with phil:  # not held while the caller has the object
-            obj = _open(f, raw, readonly, slots, nbytes, w0)
-        yield _name(raw), obj
-
-
-def _open(f: h5py.File, raw: bytes, readonly: bool, slots: int, nbytes: int, w0: float) -> Any:
-    oid = h5py.h5o.open(f.id, raw)
-    kind = h5py.h5i.get_type(oid)
-    if kind == h5py.h5i.DATASET:
-        want = _cache_slots(oid, slots, nbytes) if nbytes else None
-        if want is not None:
-            del oid  # the dataset closes, so that it opens again with its own cache
-            dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
-            dapl.set_chunk_cache(want, nbytes, w0)
-            oid = h5py.h5d.open(f.id, raw, dapl)
-        return h5py.Dataset(oid, readonly=readonly)
-    if kind == h5py.h5i.GROUP:
-        return h5py.Group(oid)
-    if kind == h5py.h5i.DATATYPE:
-        return h5py.Datatype(oid)
-    raise TypeError(f"/{raw.decode(errors='replace')}: an object of unknown type {kind}")
-
-
-def _raw_name(name: str | bytes) -> bytes:
-    """An object's name as HDF5 has it, from h5py's (the inverse of :func:`_name`)."""
-    return name.encode("utf-8", "surrogateescape") if isinstance(name, str) else name
-
-
-def _name(raw: bytes) -> Any:
-    """An object's name as h5py gives it: text where it is UTF-8, else the bytes."""
-    try:
-        return raw.decode("utf8")
-    except UnicodeDecodeError:
-        return raw
-
-
-#: Slots of the chunk cache every HDF5 file is opened with (:func:`h5_file`): a dataset
-#: with more chunks gets its own number when it is opened (:func:`_cache_slots`). HDF5 gives
-#: every open chunked dataset a table of its cache's slots, 8 bytes each, however few chunks it
-#: has: with HDF5 2.0's default of 8,191 that is 64 KB a dataset, and with the 100,003 slots
-#: packed files were read with, 800 KB (verifying a packed robomimic file of 600 chunked
-#: datasets took 850 MB). 521 is h5py's own default (4 KB a dataset).
-CACHE_SLOTS = 521
-
-
-def h5_file(path: Path, mode: str = "r", **options: Any) -> h5py.File:
-    """``h5py.File(path, mode, **options)`` with a chunk cache of :data:`CACHE_SLOTS` slots:
-    the way obsdelta opens every HDF5 file."""
-    return h5py.File(path, mode, rdcc_nslots=CACHE_SLOTS, **options)
-
-
-def _cache_slots(dsid: Any, slots: int, nbytes: int) -> int | None:
-    """How many slots the chunk cache of dataset ``dsid`` needs when its file's cache has
-    ``slots`` of them (``None``: those will do): one a chunk (a chunk's slot is its index along
-    time, so no two share one), at most 100 per chunk the cache holds, as HDF5 advises."""
-    if dsid.get_offset() is not None:  # contiguous, and quicker to ask than the layout
-        return None
-    dcpl = dsid.get_create_plist()
-    if dcpl.get_layout() != h5py.h5d.CHUNKED:
-        return None
-    chunk = dcpl.get_chunk()
-    count = math.prod(-(-int(n) // int(c)) for n, c in zip(dsid.shape, chunk, strict=True))
-    if count <= slots:
-        return None
-    held = nbytes // max(1, math.prod(chunk) * dsid.get_type().get_size())
-    return max(slots, min(count, 100 * held))
 
 
 def leaves_of(f: h5py.File, file: Path, unread: dict[Key, str] | None = None) -> dict[Key, Any]:

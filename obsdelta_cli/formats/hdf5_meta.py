@@ -13,8 +13,9 @@ import numpy as np
 
 from ..errors import InputError
 from .apart import SILENCE_SECONDS, apart
-from .hdf5_leaves import META_ATTR, OWN
+from .hdf5_leaves import META_ATTR
 from .hdf5_safety import Stamp, file_stamp
+from .hdf5_walk import OWN
 
 #: A manifest longer than this is stored zlib-compressed in the dataset ``/obsdelta/manifest``
 #: (one record per robomimic demo and key adds up), the root attribute then naming it: an HDF5

@@ -15,8 +15,9 @@ import xxhash
 
 from .apart import SILENCE_SECONDS, apart, beat
 from .direct import PIECE, ColdReads
-from .hdf5_leaves import META_ATTR, OWN, REPLACED_TWINS, objects_of
+from .hdf5_leaves import META_ATTR, REPLACED_TWINS
 from .hdf5_types import space_anew, type_anew
+from .hdf5_walk import OWN, objects_of
 
 
 def hash_objects(

@@ -27,8 +27,8 @@ import numpy as np
 import xxhash
 
 from ..filters import MIN_PACK_BYTES, sample_rows
-from .hdf5_leaves import OWN
 from .hdf5_safety import VirtualMap, damaged_pack
+from .hdf5_walk import OWN
 
 #: The columns a deduplicated dataset keeps of its own, at ``<COLUMNS>/<path>``.
 COLUMNS = f"{OWN}/pack/columns"

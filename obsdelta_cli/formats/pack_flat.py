@@ -43,16 +43,9 @@ from ..arrays import BFLOAT16
 from ..errors import UsageError
 from .base import Key
 from .hdf5 import Groups, copy_attrs, create_dataset, dcpl_like
-from .hdf5_leaves import (
-    OWN,
-    h5_file,
-    is_bf16,
-    leaf_dtype,
-    leaves_of,
-    object_at,
-    objects_of,
-)
+from .hdf5_leaves import is_bf16, leaf_dtype, leaves_of
 from .hdf5_safety import check_contained, damaged_pack
+from .hdf5_walk import OWN, h5_file, object_at, objects_of
 from .leaf import LazyLeaf
 from .pack_columns import plan_columns, write_virtual
 from .pack_io import _absent_chunks, _repacked, _write_kept, copy_structure

@@ -34,15 +34,10 @@ from .hdf5 import (
     new_output,
 )
 from .hdf5_copy import Relinks, copy_object
-from .hdf5_leaves import (
-    LAYOUT_TWINS,
-    META_ATTR,
-    OWN,
-    leaf_dtype,
-    objects_of,
-)
+from .hdf5_leaves import META_ATTR, leaf_dtype
 from .hdf5_meta import MANIFEST
 from .hdf5_safety import damaged_pack, scale_offset
+from .hdf5_walk import LAYOUT_TWINS, OWN, objects_of
 from .leaf import FileLeaf
 from .pack_columns import Shared, kept_path, plan_columns, write_virtual
 from .pack_writer import (

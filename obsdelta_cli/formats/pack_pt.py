@@ -26,8 +26,9 @@ import xxhash
 
 from ..errors import DataError, UsageError
 from .base import Key, MemoryArrays, Sink, Source, key_str
-from .hdf5_leaves import OWN, read_rows
+from .hdf5_leaves import read_rows
 from .hdf5_safety import PACK_DAMAGED, damaged_pack
+from .hdf5_walk import OWN
 from .leaf import LazyLeaf
 from .pack_writer import BLOCK_BYTES, Chooser, dataset_key, other_entry, pack_leaf, write_bytes
 from .packed import FILES, PACK, file_bytes

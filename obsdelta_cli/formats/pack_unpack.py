@@ -21,14 +21,11 @@ from .hdf5 import (
     dcpl_like,
 )
 from .hdf5_copy import Relinks, copy_object, copy_values
-from .hdf5_leaves import (
-    LAYOUT_TWINS,
-    META_ATTR,
-    OWN,
-)
+from .hdf5_leaves import META_ATTR
 from .hdf5_meta import MANIFEST, write_meta
 from .hdf5_objects import hash_objects_apart
 from .hdf5_safety import damaged_pack, reading_pack
+from .hdf5_walk import LAYOUT_TWINS, OWN
 from .pack_io import group_like, h5_output
 from .pack_writer import BLOCK_BYTES, stored_rows
 from .packed import (

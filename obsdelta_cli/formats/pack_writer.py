@@ -29,11 +29,8 @@ from ..filters import (
     workers,
 )
 from .base import Key, key_str
-from .hdf5_leaves import (
-    BF16_ATTR,
-    OWN,
-    h5_dtype,
-)
+from .hdf5_leaves import BF16_ATTR, h5_dtype
+from .hdf5_walk import OWN
 from .leaf import LazyLeaf
 from .packed import (
     TRANSFORM_ATTR,

@@ -44,22 +44,11 @@ from .base import SIDECAR, ArrayStore, Format, Key, Plan, Sink, Source, key_str
 from .chunk_cache import ChunkCache
 from .hdf5 import is_hdf5
 from .hdf5_chunks import AHEAD, DirectChunks
-from .hdf5_leaves import (
-    OWN,
-    FileReads,
-    H5Arrays,
-    H5Leaf,
-    file_reads,
-    h5_file,
-    is_bf16,
-    leaf_dtype,
-    leaves_of,
-    object_at,
-    read_rows,
-)
+from .hdf5_leaves import H5Arrays, H5Leaf, is_bf16, leaf_dtype, leaves_of, read_rows
 from .hdf5_meta import read_meta
 from .hdf5_objects import attrs_hash, hash_objects_apart
 from .hdf5_safety import Allowed, VirtualMap, check_contained, damaged_file, damaged_pack
+from .hdf5_walk import OWN, FileReads, file_reads, h5_file, object_at
 from .leaf import LazyLeaf
 from .pack_columns import COLUMNS, Block, expected_maps, parse_blocks
 
@@ -184,7 +173,7 @@ def packed_leaf(
     owner: h5py.File | None = None,
 ) -> LazyLeaf:
     """A packed dataset as a leaf, its transform undone as it is read; ``reads``: those its
-    file's leaves share (:func:`~.hdf5_leaves.file_reads`); ``owner``: the File ``ds`` was
+    file's leaves share (:func:`~.hdf5_walk.file_reads`); ``owner``: the File ``ds`` was
     opened from, as for :class:`~.hdf5_leaves.H5Leaf`."""
     transform = ds.attrs.get(TRANSFORM_ATTR)
     if transform is None:

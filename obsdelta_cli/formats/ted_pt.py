@@ -199,6 +199,15 @@ class TedPt(TensorDictFormat):
         if META_KEY not in obj.keys():
             return self.source(path, obj, None)
         entry = obj.get_non_tensor(META_KEY)
+        if not (isinstance(entry, Mapping) and isinstance(entry.get("meta"), str)):
+            # A user's own leaf of that name: refused rather than taken for obsdelta's (or
+            # dropped from the output).
+            raise InputError(
+                f"key {META_KEY} is a name obsdelta writes itself, and it holds no obsdelta "
+                "metadata",
+                file=path,
+                hint=f"rename the key {META_KEY}: obsdelta keeps its own metadata there",
+            )
         try:
             meta = json.loads(entry["meta"])
             arrays = _as_arrays(dict(entry["arrays"]))
