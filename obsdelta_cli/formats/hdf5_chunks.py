@@ -142,6 +142,10 @@ class DirectChunks:
         self._reopen = reopen
         self.name: str = ds.name
         self.file, self._fd = file, fd
+        try:  # of the file as opened, not of its name; asked here, outside any lock
+            self.file_size = os.fstat(fd()).st_size
+        except OSError:  # no descriptor yet (a dataset only judged for direct reads)
+            self.file_size = file.stat().st_size
         self.pipeline = tuple(pipeline)
         self.shape: tuple[int, ...] = tuple(ds.shape)
         self.chunks: tuple[int, ...] = tuple(ds.chunks)
@@ -196,12 +200,6 @@ class DirectChunks:
         except (TypeError, ValueError, RuntimeError, OSError):
             return None
         return cls(ds, file, fd, pipeline, reopen)
-
-    @functools.cached_property
-    def file_size(self) -> int:
-        """The size of the file as opened (not of whatever now has its name), asked at the
-        first read."""
-        return os.fstat(self._fd()).st_size
 
     def _table(self) -> dict[Coord, Stored]:
         """Every stored chunk, from HDF5's chunk index in one walk."""
