@@ -183,6 +183,7 @@ def test_reads_while_compress_force_replaces_the_output(
     a loop while another process runs ``compress --force`` over it, from two inputs in turn:
     every read returns the rows of one of the two files whole, or says the file changed
     (``FileNotFoundError`` and "damaged" were raised before)."""
+    pytest.importorskip("torchrl")  # the TorchRL storage reads in turn with open_dataset
     from obsdelta_cli.storage import ObsdeltaStorage
 
     a, b, out = _inputs(kind, versions, tmp_path)
