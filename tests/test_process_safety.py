@@ -361,6 +361,87 @@ def test_many_attributes_on_one_dataset_take_linear_time(tmp_path: Path, cli: Cl
     assert took < 2 * h5py_seconds + 0.5, (took, h5py_seconds)
 
 
+def _with_many_attrs(path: Path, count: int) -> Path:
+    """The D4RL sample with ``count`` attributes of several kinds on its observations, written
+    as h5py writes a file of the newest format (in the oldest, h5py takes 800 s to write
+    100,000 attributes and 150 s to read them)."""
+    with h5py.File(D4RL) as src, h5py.File(path, "w", libver="latest") as f:
+        for name, ds in src.items():
+            if isinstance(ds, h5py.Dataset):
+                f.create_dataset(name, data=ds[()])
+        obs = f["observations"]
+        for i in range(count):
+            kind = i % 4
+            value: object = (
+                i if kind == 0 else np.arange(i % 7, dtype="f4") if kind == 1 else f"s{i}"
+            )
+            if kind == 3:
+                value = np.array([f"v{i}".encode()] * 2)
+            obs.attrs[f"a{i:06d}"] = value
+    return path
+
+
+def test_a_dataset_with_100_000_attributes_is_processed_in_linear_time(
+    tmp_path: Path, cli: Cli
+) -> None:
+    """100,000 attributes on the observations of a valid file: ``compress`` ran past 20
+    minutes (each attribute written to an output of HDF5's oldest format searches all those
+    written before, and each was read three times over through h5py). Every command now keeps
+    them all, each in a few times what h5py takes to read them once."""
+    src = _with_many_attrs(tmp_path / "attrs.hdf5", 100_000)
+    start = time.monotonic()
+    with h5py.File(src) as f:
+        wanted = {name: np.asarray(value) for name, value in f["observations"].attrs.items()}
+    h5py_seconds = time.monotonic() - start
+    small, back = tmp_path / "small.hdf5", tmp_path / "back.hdf5"
+    took = {}
+    for args in (
+        ["report", src],
+        ["compress", src, "-o", small, "--quiet"],
+        ["verify", small],
+        ["inflate", small, "-o", back, "--quiet"],
+        ["compress", src, "--pack", "-o", tmp_path / "packed.h5", "--quiet"],
+    ):
+        start = time.monotonic()
+        with _within(600):
+            cli(*args)
+        took[args[0] + ("-pack" if "--pack" in args else "")] = time.monotonic() - start
+    for out in (back, tmp_path / "packed.h5"):
+        with h5py.File(out) as f:
+            got = f["observations"].attrs
+            assert len(got) == len(wanted)
+            for name, value in wanted.items():
+                np.testing.assert_array_equal(np.asarray(got[name]), value, err_msg=name)
+    # Each pass over the attributes (the safety walk, hashing, copying, checking) costs about
+    # what h5py's read does; ``compress --pack`` makes the most of them.
+    assert all(t < 5 * h5py_seconds + 10 for t in took.values()), (took, h5py_seconds)
+
+
+def test_outputs_of_a_file_with_thousands_of_attributes_index_them(
+    tmp_path: Path, cli: Cli
+) -> None:
+    """An object with more than ``DENSE_ATTRS`` attributes in a file of HDF5's oldest format:
+    its outputs are written in the 1.8 format, where attributes are indexed by name, not
+    listed (h5py writes 100,000 listed attributes in 800 s, indexed ones in 4 s)."""
+    src = tmp_path / "attrs.hdf5"
+    shutil.copy(D4RL, src)
+    with h5py.File(src, "a") as f:
+        for i in range(hdf5_safety.DENSE_ATTRS + 1):
+            f["observations"].attrs[f"a{i:05d}"] = i
+    cli("compress", src, "-o", tmp_path / "small.hdf5", "--quiet")
+    cli("inflate", tmp_path / "small.hdf5", "-o", tmp_path / "back.hdf5", "--quiet")
+    cli("compress", src, "--pack", "-o", tmp_path / "packed.h5", "--quiet")
+    cli("inflate", tmp_path / "packed.h5", "-o", tmp_path / "unpacked.hdf5", "--quiet")
+    for name in ("small.hdf5", "back.hdf5", "packed.h5", "unpacked.hdf5"):
+        # The superblock's version: 0 in files of the oldest format, 2 from 1.8 on.
+        assert (tmp_path / name).read_bytes()[8] >= 2, name
+    with h5py.File(src) as a, h5py.File(tmp_path / "unpacked.hdf5") as b:
+        assert dict(a["observations"].attrs) == dict(b["observations"].attrs)
+    # A file with fewer keeps HDF5's oldest format.
+    cli("compress", D4RL, "-o", tmp_path / "plain.hdf5", "--quiet")
+    assert (tmp_path / "plain.hdf5").read_bytes()[8] == 0
+
+
 # ---------------------------------------------------------------------------------------------
 # Leaves of a dtype NumPy has no equivalent of
 

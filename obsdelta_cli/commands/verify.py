@@ -110,7 +110,7 @@ def check_objects(
     deltas = {key_str(k) for k in (r.delta_key for r in manifest.keys) if k is not None}
     known = {name: manifest.objects[name] for name in later if name in manifest.objects}
     skip = object_skip(deltas, lambda n: f"@{n}" in manifest.objects)
-    hashes = fmt.object_hashes(source, skip, known)
+    hashes = fmt.object_hashes(source, skip, known, manifest.objects)
     if not any(map(is_replaced_twin, manifest.objects)):
         # Written before the twins were hashed (the manifest's own hash says it was so).
         hashes = {name: h for name, h in hashes.items() if not is_replaced_twin(name)}

@@ -253,11 +253,15 @@ class Format(ABC):
         opened: Source | Sink,
         skip: Callable[[str], bool],
         known: Mapping[str, str] | None = None,
+        recorded: Mapping[str, str] | None = None,
     ) -> dict[str, str]:
         """Hashes of the container's own objects as stored, by name, in an opened input or an
         output being written, for containers that copy objects whole (HDF5) rather than leaf by
         leaf; ``skip`` leaves some out, and the values of those in ``known`` are not read (their
-        hash is taken from it). Default: none, every leaf is hashed as it is copied."""
+        hash is taken from it); ``recorded``: the hashes the file's metadata records, where an
+        object that differs from its record only in how HDF5 encodes its types and dataspaces
+        (another format version's) counts as the recorded one. Default: none, every leaf is
+        hashed as it is copied."""
         return {}
 
     def streams(self, source: Source, keys: frozenset[Key], order: Sequence[Key]) -> frozenset[Key]:
@@ -345,6 +349,7 @@ class FolderFormat(Format):
         opened: Source | Sink,
         skip: Callable[[str], bool],
         known: Mapping[str, str] | None = None,
+        recorded: Mapping[str, str] | None = None,
     ) -> dict[str, str]:
         path = opened.path
         if path is None or not path.is_dir():

@@ -46,7 +46,13 @@ from .hdf5_leaves import (
 )
 from .hdf5_meta import read_meta, write_meta
 from .hdf5_objects import hash_objects, hash_objects_apart, header_bytes
-from .hdf5_safety import check_contained, damaged_file, written_here
+from .hdf5_safety import (
+    check_contained,
+    damaged_file,
+    most_attrs,
+    output_libver,
+    written_here,
+)
 from .hdf5_walk import OWN, h5_file, object_at
 
 hdf5plugin: Any
@@ -254,6 +260,7 @@ class HDF5Format(Format):
         opened: Source | Sink,
         skip: Callable[[str], bool],
         known: Mapping[str, str] | None = None,
+        recorded: Mapping[str, str] | None = None,
     ) -> dict[str, str]:
         f: h5py.File = opened.handle
         file = Path(f.filename)
@@ -267,7 +274,7 @@ class HDF5Format(Format):
                 raise write_error(file, exc) from None
             hashing = hash_objects  # written by obsdelta in this process, not damaged
         try:
-            return hashing(f, file, skip, known)
+            return hashing(f, file, skip, known, recorded)
         except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
             raise InputError(
                 f"cannot read an object ({exc})", file=file, hint="the file is damaged"
@@ -291,7 +298,7 @@ class HDF5Format(Format):
 
     def create(self, path: Path, source: Source, plan: Plan) -> Sink:
         src: h5py.File = source.handle
-        out = new_output(path, src.libver)
+        out = new_output(path, output_libver(src.libver, source.path))
         with closed_on_failure(out, path):
             return self._fill_structure(src, out, path, source, plan)
 
@@ -345,7 +352,7 @@ class HDF5Format(Format):
             handle=out,
             extra=extra,
             streamed=hashers,
-            memo={"uncached": uncached},
+            memo={"uncached": uncached, "most_attrs": most_attrs(source.path)},
         )
 
     def _new_dataset(
@@ -400,7 +407,7 @@ class HDF5Format(Format):
                 write_meta(out, meta)
             finish_output(out)
         # What it holds was copied from the checked input, scale-offset datasets included.
-        written_here(path, sink.memo["uncached"])
+        written_here(path, sink.memo["uncached"], sink.memo["most_attrs"])
 
 
 #: The file descriptor of each output being written, by ``id`` of its h5py file.

@@ -83,7 +83,8 @@ def read_rows(ds: h5py.Dataset, rows: Any, file: Path, what: str) -> np.ndarray:
 
 def copy_attrs(src: Any, dst: Any) -> None:
     """Copy attributes with their exact stored types and dataspaces, through HDF5's own calls:
-    h5py's ``attrs`` took about 100 µs an attribute (a Minari file has thousands)."""
+    h5py's ``attrs`` took about 100 µs an attribute (a Minari file has thousands, an object
+    may hold 100,000)."""
     names: list[bytes] = []
     with phil:
         # In h5py's order: by creation where the object tracks it, else by name.
@@ -93,16 +94,35 @@ def copy_attrs(src: Any, dst: Any) -> None:
         for name in names:
             attr = h5py.h5a.open(src.id, name)
             space, stored = attr.get_space(), attr.get_type()
-            # The type built anew: HDF5 encodes it as the file's format asks, not as the
-            # source's did (a packed file's newer format would otherwise stay in the copy).
-            copy = h5py.h5a.create(dst.id, name, type_anew(stored), space)
+            anew, dtype, raw = _copy_as(stored)
+            copy = h5py.h5a.create(dst.id, name, anew, space)
             if space.get_simple_extent_type() != h5py.h5s.NULL:  # an empty one has no value
-                value = np.empty(attr.shape, dtype=attr.dtype)
-                # An array type reads as numbers with more dimensions, which HDF5 does not
-                # convert to: its values move as they are stored.
-                raw = stored if stored.get_class() == h5py.h5t.ARRAY else None
+                value = np.empty(space.shape, dtype=dtype)
                 attr.read(value, mtype=raw)
                 copy.write(value, mtype=raw)
+
+
+#: :func:`_copy_as` of each stored type seen, by its encoding: a file's attributes have a
+#: handful of types between them, and making one anew costs more than copying a value.
+_COPY_AS: dict[bytes, tuple[Any, np.dtype, Any]] = {}
+
+
+def _copy_as(stored: Any) -> tuple[Any, np.dtype, Any]:
+    """The type an attribute of type ``stored`` is copied as, the dtype its value is read
+    into, and the memory type it moves through (``None``: HDF5's conversion of ``dtype``)."""
+    encoded = stored.encode()
+    found = _COPY_AS.get(encoded)
+    if found is None:
+        # The type built anew: HDF5 encodes it as the file's format asks, not as the source's
+        # did (a packed file's newer format would otherwise stay in the copy). An array type
+        # reads as numbers with more dimensions, which HDF5 does not convert to: its values
+        # move as they are stored.
+        raw = stored if stored.get_class() == h5py.h5t.ARRAY else None
+        found = type_anew(stored), stored.dtype, raw
+        if len(_COPY_AS) >= 256:  # a file of a type per attribute gains nothing from keeping them
+            _COPY_AS.clear()
+        _COPY_AS[encoded] = found
+    return found
 
 
 def contiguous_span(

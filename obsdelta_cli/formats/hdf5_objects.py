@@ -12,6 +12,7 @@ from typing import Any
 import h5py
 import numpy as np
 import xxhash
+from h5py._objects import phil
 
 from .apart import SILENCE_SECONDS, apart, beat
 from .direct import PIECE, ColdReads
@@ -87,33 +88,104 @@ def hash_objects_apart(
 
 
 def _attrs_hash_as(obj: Any, recorded: str | None, exclude: str | None = None) -> str:
-    found = attrs_hash(obj, exclude)
-    if recorded is not None and found != recorded:
-        other = attrs_hash(obj, exclude, types_anew=True)
-        if other == recorded:
-            return other
-    return found
+    found, anew = attrs_hashes(obj, exclude)
+    return anew if recorded is not None and found != recorded and anew == recorded else found
 
 
 def attrs_hash(obj: Any, exclude: str | None = None, *, types_anew: bool = False) -> str:
     """xxh3-64 of an object's attributes: names, stored types and values.
     ``types_anew``: each type as HDF5 encodes it new, in its first format version
     (as a file of the earliest format stores it), not as this file's format stores it."""
-    h = xxhash.xxh3_64()
-    for name in sorted(obj.attrs):
-        if name == exclude:
-            continue
-        value = np.asarray(obj.attrs[name])
-        h.update(f"{name}\0{value.dtype.str}\0{value.shape}\0".encode())
-        stored = obj.attrs.get_id(name).get_type()
-        if types_anew:
-            stored = type_anew(stored)
-        h.update(stored.encode())  # how the stored bytes read
-        if value.dtype.kind == "O":
-            h.update(repr(value.tolist()).encode())
-        else:  # a compound may hold variable-length fields too: never their pointers
-            feed_values(h, value)
-    return h.hexdigest()
+    return attrs_hashes(obj, exclude)[types_anew]
+
+
+#: Type classes :func:`~.hdf5_types.type_anew` builds member by member; a type of another
+#: class encodes the same anew.
+_BUILT_ANEW = frozenset((h5py.h5t.ENUM, h5py.h5t.COMPOUND, h5py.h5t.ARRAY, h5py.h5t.VLEN))
+
+
+def attrs_hashes(obj: Any, exclude: str | None = None) -> tuple[str, str]:
+    """:func:`attrs_hash` of ``obj`` as stored and with ``types_anew``, from one read of each
+    attribute (an object may hold 100,000). Each attribute is read through HDF5's own calls as
+    h5py's ``attrs[name]`` reads it, each of its types converted once."""
+    h, anew = xxhash.xxh3_64(), xxhash.xxh3_64()
+    both = _Both(h, anew)
+    oid = obj.id
+    raw: list[bytes] = []
+    with phil:
+        h5py.h5a.iterate(oid, lambda name, *_: raw.append(name))
+        for name, stored_name in sorted((_decoded(n), n) for n in raw):
+            if name == exclude:
+                continue
+            attr = h5py.h5a.open(oid, stored_name)
+            stored = attr.get_type()
+            encoded = stored.encode()  # how the stored bytes read
+            read = _read_as(stored, encoded)
+            shape = attr.shape  # ``None`` for an empty one, which h5py reads as ``Empty``
+            value = np.asarray(
+                obj.attrs[name] if shape is None else _attr_value(attr, shape, *read[:2])
+            )
+            both.update(f"{name}\0{value.dtype.str}\0{value.shape}\0".encode())
+            h.update(encoded)
+            anew.update(read[2])
+            if value.dtype.kind == "O":
+                both.update(repr(value.tolist()).encode())
+            else:  # a compound may hold variable-length fields too: never their pointers
+                feed_values(both, value)
+    return h.hexdigest(), anew.hexdigest()
+
+
+class _Both:
+    """Two hash states fed the same bytes."""
+
+    def __init__(self, a: Any, b: Any) -> None:
+        self.a, self.b = a, b
+
+    def update(self, data: bytes) -> None:
+        self.a.update(data)
+        self.b.update(data)
+
+
+def _decoded(name: bytes) -> Any:
+    """An attribute's name as h5py gives it: text where it is UTF-8, else its bytes."""
+    try:
+        return name.decode("utf8")
+    except UnicodeDecodeError:
+        return name
+
+
+#: :func:`_read_as` of each stored type seen, by its encoding (a file's attributes have a
+#: handful of types between them, and making each anew costs more than reading the value).
+_READ_AS: dict[bytes, tuple[np.dtype, Any, bytes]] = {}
+
+
+def _read_as(stored: Any, encoded: bytes) -> tuple[np.dtype, Any, bytes]:
+    """The dtype h5py reads a stored type as, the memory type it reads it through, and the
+    type's encoding anew (:func:`~.hdf5_types.type_anew`)."""
+    found = _READ_AS.get(encoded)
+    if found is None:
+        dtype = stored.dtype
+        anew = type_anew(stored).encode() if stored.get_class() in _BUILT_ANEW else encoded
+        found = dtype, h5py.h5t.py_create(dtype), anew
+        if len(_READ_AS) >= 256:  # a file of a type per attribute gains nothing from keeping them
+            _READ_AS.clear()
+        _READ_AS[encoded] = found
+    return found
+
+
+def _attr_value(attr: Any, shape: tuple[int, ...], dtype: np.dtype, mtype: Any) -> Any:
+    """The value of attribute ``attr`` of ``shape`` (not empty), as h5py's ``attrs[name]``
+    gives it, read as ``dtype`` through HDF5 memory type ``mtype``."""
+    if dtype.subdtype is not None:  # an array type: its dimensions become the value's
+        dtype, inner = dtype.subdtype
+        shape = shape + inner
+    arr = np.zeros(shape, dtype=dtype, order="C")
+    attr.read(arr, mtype=mtype)
+    string = h5py.check_string_dtype(dtype)
+    if string and string.length is None:  # variable-length strings read as text
+        flat = [b.decode("utf-8", "surrogateescape") for b in arr.flat]
+        arr = np.array(flat, dtype=dtype).reshape(arr.shape)
+    return arr[()] if arr.ndim == 0 else arr
 
 
 def _twin_hash(ds: h5py.Dataset) -> str:

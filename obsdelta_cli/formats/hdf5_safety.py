@@ -56,6 +56,14 @@ Stamp = tuple[int, int, int, int]
 #: :func:`scale_offset`): detection opens a file once per HDF5 layout, and a file with many
 #: objects takes a while to walk.
 _CONTAINED: dict[Stamp, bool] = {}
+#: The most attributes one object of each file walked holds (see :func:`output_libver`).
+_MOST_ATTRS: dict[Stamp, int] = {}
+
+#: An output of a file where one object holds more attributes than this is written in HDF5's
+#: 1.8 format, at least. Files of the oldest format keep an object's attributes in a list that
+#: HDF5 searches for each one written or opened by name, so 100,000 attributes took h5py 800 s
+#: to write; from 1.8 on, many attributes are indexed by name.
+DENSE_ATTRS = 1000
 
 
 def scale_offset(dcpl: h5py.h5p.PropDCID) -> bool:
@@ -87,15 +95,35 @@ VirtualMap = tuple[Box | None, str, str, Box | None]
 Allowed = Callable[[str, tuple[int, ...]], list[VirtualMap] | None]
 
 
-def written_here(path: Path, uncached: bool) -> None:
+def written_here(path: Path, uncached: bool, most: int) -> None:
     """Record that the HDF5 file at ``path``, as it is now, was just written by this process
-    from inputs :func:`check_contained` passed, with no virtual dataset, and whether it holds
-    scale-offset datasets: reading it back (``compress --pack`` reads its inner container,
-    ``compress`` verifies its output) need not walk it again in a child. A file changed since
-    has another :data:`Stamp` and is walked as any other."""
+    from inputs :func:`check_contained` passed, with no virtual dataset, whether it holds
+    scale-offset datasets and the most attributes one of its objects holds: reading it back
+    (``compress --pack`` reads its inner container, ``compress`` verifies its output) need not
+    walk it again in a child. A file changed since has another :data:`Stamp` and is walked as
+    any other."""
     stamp = file_stamp(path)
     if stamp is not None:
         _CONTAINED[stamp] = uncached
+        _MOST_ATTRS[stamp] = most
+
+
+def most_attrs(path: Path) -> int:
+    """The most attributes one object of the file at ``path`` holds, as :func:`check_contained`
+    found them (0 for a file not walked as it is now)."""
+    stamp = file_stamp(path)
+    return 0 if stamp is None else _MOST_ATTRS.get(stamp, 0)
+
+
+def output_libver(libver: tuple[str, str] | None, path: Path) -> tuple[str, str] | None:
+    """The HDF5 library versions to write a file made from the one at ``path`` (walked by
+    :func:`check_contained`) in: ``libver``, the source's (``None``: HDF5's default), at least
+    1.8 where an object holds more than :data:`DENSE_ATTRS` attributes (their names and values
+    are kept; only how HDF5 indexes them changes)."""
+    low, high = libver or ("earliest", "latest")
+    if low == "earliest" and most_attrs(path) > DENSE_ATTRS:
+        return "v108", high
+    return libver
 
 
 def check_contained(f: h5py.File, path: Path, virtual: Allowed | None = None) -> bool:
@@ -118,9 +146,11 @@ def check_contained(f: h5py.File, path: Path, virtual: Allowed | None = None) ->
     if stamp is not None and stamp in _CONTAINED:
         return _CONTAINED[stamp]  # no virtual dataset at all: fine whatever ``virtual`` allows
     try:
-        refused, uncached = apart(lambda: _refusal(f, path, virtual), timeout=SILENCE_SECONDS)
+        refused, uncached, most = apart(lambda: _refusal(f, path, virtual), timeout=SILENCE_SECONDS)
     except ValueError as exc:  # an error of damage in the child, a crash, or silence
         raise damaged_file(path, exc) from None
+    if stamp is not None:
+        _MOST_ATTRS[stamp] = most
     if refused is not None:
         message, hint = refused
         raise InputError(message, file=path, hint=hint)
@@ -131,14 +161,15 @@ def check_contained(f: h5py.File, path: Path, virtual: Allowed | None = None) ->
 
 def _refusal(
     f: h5py.File, path: Path, virtual: Allowed | None
-) -> tuple[tuple[str, str | None] | None, bool]:
-    """Why ``f`` is refused, as message and hint (``None`` for a file kept to itself), and
-    whether it holds datasets to read without a chunk cache."""
+) -> tuple[tuple[str, str | None] | None, bool, int]:
+    """Why ``f`` is refused, as message and hint (``None`` for a file kept to itself),
+    whether it holds datasets to read without a chunk cache, and the most attributes one of
+    its objects holds."""
     try:
         _check_links(f, path)
-        return None, _check_datasets(f, path, virtual)
+        return None, *_check_datasets(f, path, virtual)
     except InputError as err:
-        return (err.message, err.hint), False
+        return (err.message, err.hint), False, 0
 
 
 def _check_links(f: h5py.File, path: Path) -> None:
@@ -215,16 +246,18 @@ def virtual_maps(dcpl: Any) -> list[VirtualMap]:
     ]
 
 
-def _check_datasets(f: h5py.File, path: Path, virtual: Allowed | None) -> bool:
+def _check_datasets(f: h5py.File, path: Path, virtual: Allowed | None) -> tuple[bool, int]:
     """Refuse datasets stored outside the file; return whether one of them must be read
-    without a chunk cache."""
+    without a chunk cache, and the most attributes one object holds."""
     problems: list[str] = []
     damaged: list[str] = []
     references: list[str] = []
     uncached = [False]
+    most = [h5py.h5o.get_info(f.id).num_attrs]
 
     def visit(name: bytes, info: Any) -> None:
         beat()
+        most[0] = max(most[0], info.num_attrs)
         if info.num_attrs:
             references.extend(_reference_attrs(f, name, info.num_attrs))
         if info.type != h5py.h5o.TYPE_DATASET:
@@ -289,7 +322,7 @@ def _check_datasets(f: h5py.File, path: Path, virtual: Allowed | None) -> bool:
     if damaged:
         more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
         raise damaged_pack(path, damaged[0] + more)
-    return uncached[0]
+    return uncached[0], most[0]
 
 
 #: A dataset may declare at most this many bytes (or :data:`HOLLOW_RATIO` times the file's

@@ -24,7 +24,7 @@ from .hdf5_copy import Relinks, copy_object, copy_values
 from .hdf5_leaves import META_ATTR
 from .hdf5_meta import MANIFEST, write_meta
 from .hdf5_objects import hash_objects_apart
-from .hdf5_safety import damaged_pack, reading_pack
+from .hdf5_safety import damaged_pack, output_libver, reading_pack
 from .hdf5_walk import LAYOUT_TWINS, OWN
 from .pack_io import group_like, h5_output
 from .pack_writer import BLOCK_BYTES, stored_rows
@@ -93,9 +93,10 @@ def unpack_hdf5(packed: Source, info: dict[str, Any], inner: Manifest, out: Path
     src: h5py.File = packed.handle
     if inner.objects:  # recorded by format 2 on
         _check_kept(packed, info["datasets"], inner)
-    libver = info.get("libver")
+    stored = info.get("libver")
+    libver = output_libver(tuple(stored) if isinstance(stored, list) else None, packed.path)
     with (
-        h5_output(out, tuple(libver) if isinstance(libver, list) else None) as f,
+        h5_output(out, libver) as f,
         reading_pack(packed.path),
     ):
         copy_attrs(src, f)

@@ -445,6 +445,7 @@ class Packed(Format):
         opened: Source | Sink,
         skip: Callable[[str], bool],
         known: Mapping[str, str] | None = None,
+        recorded: Mapping[str, str] | None = None,
     ) -> dict[str, str]:
         """The inner container's objects, as the inner would hash them: a folder's files by
         path; an HDF5 inner's objects as stored, where a repacked dataset counts as the one

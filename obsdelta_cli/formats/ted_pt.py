@@ -275,6 +275,7 @@ class TedPt(TensorDictFormat):
         opened: Source | Sink,
         skip: Callable[[str], bool],
         known: Mapping[str, str] | None = None,
+        recorded: Mapping[str, str] | None = None,
     ) -> dict[str, str]:
         """The skeleton of the original file, kept in a compressed ``.pt``."""
         if isinstance(opened, PtSink):
