@@ -19,11 +19,18 @@ from hypothesis.extra import numpy as hnp
 from tensordict import TensorDict
 
 import obsdelta_cli.codecs as codecs_pkg
-from obsdelta_cli import compress, inflate, rebuild
+from obsdelta_cli import compress, inflate
 from obsdelta_cli.arrays import BFLOAT16, from_torch, is_float, to_torch
 from obsdelta_cli.codecs import CODECS, Codec, codec_from_config, make_codec
 from obsdelta_cli.errors import InputError, UsageError
 from obsdelta_cli.stats import bit_equal_rows, by_row
+
+from .conformance import (
+    check_codec_config,
+    check_codec_rebuild,
+    check_codec_round_trip,
+    needs_bound,
+)
 
 
 def _codec_classes() -> set[type[Codec]]:
@@ -36,14 +43,6 @@ def _codec_classes() -> set[type[Codec]]:
     return found
 
 
-def needs_bound(codec_id: str) -> bool:
-    try:
-        make_codec(codec_id)
-    except UsageError:
-        return True
-    return False
-
-
 def test_every_codec_is_registered() -> None:
     assert _codec_classes() == set(CODECS.values())
     assert all(CODECS[c.id] is c for c in _codec_classes())
@@ -51,29 +50,17 @@ def test_every_codec_is_registered() -> None:
 
 @pytest.mark.parametrize("codec_id", list(CODECS))
 def test_config_round_trip(codec_id: str) -> None:
-    codec = make_codec(codec_id, 1e-3 if needs_bound(codec_id) else None)
-    assert codec.summary
-    again = codec_from_config(codec.get_config())
-    assert type(again) is type(codec) and again.get_config() == codec.get_config()
+    check_codec_config(codec_id)
 
 
 @pytest.mark.parametrize("codec_id", list(CODECS))
 def test_a_codec_that_rebuilds_as_the_successor_does(codec_id: str) -> None:
-    """Compress compares the successor rows themselves where a codec says its rebuild is
-    them (``rebuilds_as_successor``), and inflate writes ``decode``'s rows: the same, bit for
-    bit; the rebuild compress compares (``rebuild.decode(view=True)``) is ``decode``'s."""
-    codec = make_codec(codec_id, 1e-3 if needs_bound(codec_id) else None)
-    rng = np.random.default_rng(7)
-    obs = rng.standard_normal((40, 5)).astype(np.float32)
-    successor = np.concatenate([obs[1:], obs[-1:]])
-    nxt = successor + np.float32(1e-4) * rng.standard_normal((40, 5)).astype(np.float32)
-    stored = codec.encode(obs, nxt, successor)
-    dtype = np.dtype(np.float32)
-    decoded = codec.decode(obs, stored, successor, dtype).view(np.int32)
-    view = rebuild.decode(codec, obs, stored, successor, dtype, view=True)
-    np.testing.assert_array_equal(view.view(np.int32), decoded)
-    if codec.rebuilds_as_successor:
-        np.testing.assert_array_equal(successor.view(np.int32), decoded)
+    check_codec_rebuild(codec_id)
+
+
+@pytest.mark.parametrize("codec_id", list(CODECS))
+def test_every_command_keeps_the_codec_s_promise(codec_id: str, tmp_path: Path) -> None:
+    check_codec_round_trip(codec_id, tmp_path)
 
 
 def test_unknown_ids_list_the_known_ones() -> None:

@@ -19,30 +19,11 @@ from torch.utils.data import (
 from obsdelta_cli import collate, compress, inflate, open_dataset
 from obsdelta_cli.formats import FORMATS
 
+from .conformance import bits_equal, check_layout, everything
 from .writers import WRITERS
 
 # Packed files are outputs only (compress --pack); tests/test_pack.py trains from them.
 READABLE = [f for f in FORMATS if FORMATS[f].nothing_to_do is None and f in WRITERS]
-
-
-def _everything(path: Path) -> TensorDictBase:
-    data = open_dataset(path)
-    try:
-        return data[torch.arange(len(data))]
-    finally:
-        data.close()
-
-
-def _bits_equal(a: TensorDictBase, b: TensorDictBase) -> None:
-    assert set(a.keys(True, True)) == set(b.keys(True, True))
-    for key in a.keys(True, True):
-        x, y = a[key], b[key]
-        assert x.dtype == y.dtype and x.shape == y.shape, key
-        assert (
-            torch.equal(x.view(torch.uint8), y.view(torch.uint8))
-            if x.is_floating_point()
-            else torch.equal(x, y)
-        ), key
 
 
 @pytest.mark.parametrize("codec", ["exact", "fp16"])
@@ -50,16 +31,7 @@ def _bits_equal(a: TensorDictBase, b: TensorDictBase) -> None:
 def test_compressed_reads_like_inflated(
     fmt: str, codec: str, tmp_path: Path, hopper: TensorDictBase
 ) -> None:
-    src = WRITERS[fmt](hopper[:700], tmp_path / "in")
-    small, back = tmp_path / f"small{src.suffix}", tmp_path / f"back{src.suffix}"
-    compress(src, small, codec=codec)
-    inflate(small, back)
-    compressed, inflated = _everything(small), _everything(back)
-    _bits_equal(compressed, inflated)  # rebuilt on the fly exactly as inflate does
-    assert ("next", "delta") not in compressed.keys(True)
-    if codec == "exact":
-        _bits_equal(compressed, _everything(src))
-    assert compressed["next", "observation"].shape[0] == len(open_dataset(small))
+    check_layout(WRITERS[fmt](hopper[:700], tmp_path / "in"), tmp_path, codec)
 
 
 def test_indexing(tmp_path: Path, hopper: TensorDictBase) -> None:
@@ -96,7 +68,7 @@ def test_a_batch_is_its_own_rows_whatever_the_caller_does_with_index_and_result(
     for step in range(3):
         batch = data.read(idx)
         assert torch.equal(batch["observation"], hopper["observation"][idx])
-        _bits_equal(batch, truth.read(idx.clone()))
+        bits_equal(batch, truth.read(idx.clone()))
         batch["observation"].zero_()  # the caller's to change
         batch["next", "observation"].fill_(7.0)
         idx.add_(step + 1).remainder_(3000)  # the same tensor, other rows
@@ -159,8 +131,8 @@ def test_dataloader_workers_serve_the_same_rows(
             multiprocessing_context=context if workers else None,
         )
         loaded.append(torch.cat(list(loader)))
-    _bits_equal(loaded[1], loaded[0])
-    _bits_equal(loaded[0], _everything(src))
+    bits_equal(loaded[1], loaded[0])
+    bits_equal(loaded[0], everything(src))
 
 
 def test_d4rl_and_robomimic_get_ted_names() -> None:
@@ -179,12 +151,12 @@ def test_minari_transitions(tmp_path: Path, hopper: TensorDictBase) -> None:
     """Minari stores T+1 observations per episode: one row per transition, and the next
     observation is observations[t + 1] of the same episode."""
     src = WRITERS["minari-hdf5"](hopper, tmp_path / "main_data")
-    everything = _everything(src)
-    assert everything.shape[0] == hopper.shape[0]
+    rows = everything(src)
+    assert rows.shape[0] == hopper.shape[0]
     for key in (("observation",), ("next", "observation"), ("action",), ("next", "reward")):
-        assert torch.equal(everything[key].reshape(hopper[key].shape), hopper[key]), key
+        assert torch.equal(rows[key].reshape(hopper[key].shape), hopper[key]), key
     ends = hopper["next", "done"].reshape(-1)
-    assert torch.equal(everything["next", "done"], ends)
+    assert torch.equal(rows["next", "done"], ends)
 
 
 def test_rows_come_from_the_transitions_not_from_metadata(

@@ -20,6 +20,7 @@ from obsdelta_cli import compress, inflate, open_dataset, report, verify
 from obsdelta_cli.formats.pack_io import HEAVY_INDEX
 
 from . import realistic as R
+from .conformance import everything
 from .conftest import Cli
 from .test_hdf5 import describe
 from .test_pack import h5_objects
@@ -71,14 +72,6 @@ def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def _everything(path: Path) -> TensorDict:
-    data = open_dataset(path)
-    try:
-        return data[torch.arange(len(data))]
-    finally:
-        data.close()
-
-
 def _h5_objects(path: Path, prefix: str) -> dict[str, Any]:
     """Properties and bytes of every object under ``prefix``."""
     props = {k: v for k, v in describe(path).items() if k == prefix or k.startswith(prefix + "/")}
@@ -121,7 +114,7 @@ def test_default_is_lossless(real: dict[str, Path], layout: str, tmp_path: Path,
         assert key["lossless"] is True, key
         assert key["max_abs_error"] == 0, key
     cli("inflate", small, "-o", back)
-    a, b = _everything(src), _everything(back)
+    a, b = everything(src), everything(back)
     assert set(a.keys(True, True)) == set(b.keys(True, True))
     for k in a.keys(True, True):
         assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
@@ -304,11 +297,11 @@ def test_robomimic_demos_in_numeric_order(real: dict[str, Path]) -> None:
     src = real["robomimic"]
     order = R.demo_order(src)
     assert order.index("demo_2") < order.index("demo_10")
-    everything = _everything(src)
+    rows = everything(src)
     with h5py.File(src, "r") as f:
         want = np.concatenate([f[f"data/{d}/obs/robot0_eef_pos"][()] for d in order])
         lengths = [f[f"data/{d}"].attrs["num_samples"] for d in order]
-    got = everything["robot0_eef_pos"].numpy()
+    got = rows["robot0_eef_pos"].numpy()
     assert got.shape == want.shape and np.array_equal(got, want)
     start10 = int(np.sum(lengths[:10]))
     end9 = start10 - 1
@@ -380,16 +373,16 @@ def test_ted_hdf5_fp16_readable_by_torchrl(real: dict[str, Path], tmp_path: Path
 
 def test_minari_transitions(minari_real: dict[str, Path]) -> None:
     src = minari_real["minari"]
-    everything = _everything(src)
+    rows = everything(src)
     with h5py.File(src, "r") as f:
         episodes = sorted(f, key=lambda e: int(e.split("_")[1]))
         obs = [f[e]["observations"][()] for e in episodes]
         steps = sum(len(o) - 1 for o in obs)
-    assert everything.shape[0] == steps
+    assert rows.shape[0] == steps
     want_obs = np.concatenate([o[:-1] for o in obs])
     want_next = np.concatenate([o[1:] for o in obs])
-    assert np.array_equal(everything["observation"].numpy(), want_obs)
-    assert np.array_equal(everything["next", "observation"].numpy(), want_next)
+    assert np.array_equal(rows["observation"].numpy(), want_obs)
+    assert np.array_equal(rows["next", "observation"].numpy(), want_next)
 
 
 # 8 ---------------------------------------------------------------------------------------------
@@ -429,7 +422,7 @@ def test_pack_takes_what_compress_cannot(
         # copied with it.
         index = {n: h5py.h5o.get_info(b[n].id).meta_size.obj.index_size for n in plain}
         assert max(index.values()) <= HEAVY_INDEX, max(index.items(), key=lambda kv: kv[1])
-    a_all, b_all = _everything(src), _everything(packed)
+    a_all, b_all = everything(src), everything(packed)
     assert sorted(a_all.keys(True, True), key=str) == sorted(b_all.keys(True, True), key=str)
     assert all(torch.equal(a_all[k], b_all[k]) for k in a_all.keys(True, True))
     inflate(packed, tmp_path / "back.hdf5")

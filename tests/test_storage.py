@@ -13,8 +13,9 @@ from tensordict import TensorDictBase
 from obsdelta_cli import ObsdeltaError, compress, inflate, open_dataset
 from obsdelta_cli.errors import UsageError
 
+from .conformance import bits_equal
 from .conftest import SAMPLE, tree_hash
-from .test_dataset import READABLE, _bits_equal
+from .test_dataset import READABLE
 from .writers import WRITERS
 
 rl_data = pytest.importorskip("torchrl.data")
@@ -58,7 +59,7 @@ def test_random_batches_are_the_original_rows(name: str, files: dict) -> None:
     rb = _buffer(ObsdeltaStorage(path), rl_data.RandomSampler(), 128)
     for _ in range(3):
         batch = rb.sample()
-        _bits_equal(batch.exclude("index"), original[batch["index"]])  # every leaf, bit for bit
+        bits_equal(batch.exclude("index"), original[batch["index"]])  # every leaf, bit for bit
         assert batch["next", "reward"].shape == (128, 1)
 
 
@@ -78,7 +79,7 @@ def test_slices_stay_inside_episodes(name: str, files: dict) -> None:
         truncated = batch["next", "truncated"].reshape(-1, SLICE)
         assert bool(truncated[:, -1].all())
         rows = original[index.reshape(-1)]
-        _bits_equal(batch.exclude("index", *MARKED), rows.exclude(*MARKED))
+        bits_equal(batch.exclude("index", *MARKED), rows.exclude(*MARKED))
         assert torch.equal(batch["next", "done"], rows["next", "done"] | truncated.reshape(-1, 1))
     if name == "ted":  # the sampler found the episodes by the collector's trajectory ids
         ids = original["collector", "traj_ids"][index]
@@ -140,7 +141,7 @@ def test_every_format(fmt: str, tmp_path: Path, hopper: TensorDictBase) -> None:
         if key in rows.keys(True) and rows[key].dim() == 1:
             rows[key] = rows[key].unsqueeze(-1)
     # A replay-buffer dump keeps its own "index" leaf; the buffer writes the sampled index there.
-    _bits_equal(batch.exclude("index"), rows.exclude("index"))
+    bits_equal(batch.exclude("index"), rows.exclude("index"))
     storage.close()
 
 
@@ -172,10 +173,10 @@ def test_lossy_rows_within_the_reported_bound(tmp_path: Path, hopper: TensorDict
     for _ in range(3):  # every row once
         batch = rb.sample()
         index = batch["index"]
-        _bits_equal(batch.exclude("index"), back[index])  # what inflate gives, bit for bit
+        bits_equal(batch.exclude("index"), back[index])  # what inflate gives, bit for bit
         err = (batch["next", "observation"] - hopper["next", "observation"][index]).abs().max()
         assert 0 < float(err) <= bound
-        _bits_equal(
+        bits_equal(
             batch.exclude("index", ("next", "observation")),
             hopper[index].exclude(("next", "observation")),
         )
@@ -190,9 +191,9 @@ def test_checkpoints_and_pickles(files: dict, tmp_path: Path) -> None:
     restored.loads(tmp_path / "ckpt")
     assert other.path == path and len(other) == len(original)
     batch = restored.sample()
-    _bits_equal(batch.exclude("index"), original[batch["index"]])
+    bits_equal(batch.exclude("index"), original[batch["index"]])
     copy = pickle.loads(pickle.dumps(other))  # what a spawned process receives
-    _bits_equal(copy.get(torch.tensor([[3, 1], [4, 1]])), original[torch.tensor([[3, 1], [4, 1]])])
+    bits_equal(copy.get(torch.tensor([[3, 1], [4, 1]])), original[torch.tensor([[3, 1], [4, 1]])])
     assert copy.get(7)["observation"].shape == (11,)
     mask = torch.arange(len(copy)) % 1000 == 3
     assert torch.equal(copy.get(mask)["action"], original["action"][mask])
@@ -205,12 +206,12 @@ def test_rows_view(files: dict) -> None:
     assert len(rows) == 3000 and ("collector", "traj_ids") in rows.keys(True, True)
     assert torch.equal(rows["next", "done"], original["next", "done"])
     assert torch.equal(rows["next", "observation"], original["next", "observation"])
-    _bits_equal(rows["next"], original["next"])
+    bits_equal(rows["next"], original["next"])
     assert rows.get("missing", None) is None
     with pytest.raises(KeyError):
         rows["missing"]
-    _bits_equal(rows[10:20], original[10:20])
-    _bits_equal(rows.to_tensordict(), original)
+    bits_equal(rows[10:20], original[10:20])
+    bits_equal(rows.to_tensordict(), original)
     picked = storage[(torch.tensor([5, 2]),)]
     assert torch.equal(picked["action"], original["action"][[5, 2]])
 

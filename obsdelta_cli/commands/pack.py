@@ -26,7 +26,7 @@ from ..atomic import (
     write_back,
 )
 from ..errors import ObsdeltaError, UsageError
-from ..formats import FORMATS, detect, disk_size
+from ..formats import FORMATS, Format, detect, disk_size
 from ..formats.hdf5 import HDF5Format
 from ..formats.hdf5_walk import h5_file
 from ..formats.pack_flat import largest_family
@@ -43,21 +43,13 @@ from .verify import verify_written
 
 #: Working folders beside OUTPUT: ``.OUTPUT.obsdelta-pack-PID``.
 WORK_MARK = ".obsdelta-pack-"
-#: Inputs ``--pack`` takes, by format name.
-PACKABLE = (
-    "ted-memmap",
-    "ted-pt",
-    "torchrl-rb",
-    "d4rl-hdf5",
-    "robomimic-hdf5",
-    "ted-hdf5",
-    "minari-hdf5",
-)
+#: Inputs ``--pack`` takes, by format name (each layout says so: ``Format.pack``).
+PACKABLE = tuple(name for name, cls in FORMATS.items() if cls.pack)
 #: Inputs whose leaves ``--pack`` writes into the packed file as it compresses (folders of
 #: ``.memmap`` files), rather than to a working copy it then packs.
-FOLDERS = ("ted-memmap", "torchrl-rb")
-#: Inputs ``--pack --flat`` takes: HDF5 files.
-FLATTENABLE = ("d4rl-hdf5", "robomimic-hdf5", "ted-hdf5", "minari-hdf5")
+FOLDERS = tuple(name for name, cls in FORMATS.items() if cls.pack == "leaves")
+#: Inputs ``--pack --flat`` takes: HDF5 files (``Format.flattens``).
+FLATTENABLE = tuple(name for name, cls in FORMATS.items() if cls.flattens)
 #: What ``compress --pack --flat`` adds to what it says.
 FLAT_NOTE = "; each key's datasets of every episode stored as one (--flat)"
 #: ``compress --pack`` of an HDF5 file with at least this many episodes suggests ``--flat``.
@@ -92,32 +84,33 @@ def _inner_name(input: Path) -> str:
     return "inner" + (input.suffix if input.is_file() else "")
 
 
-def _check_packable(input: Path, flat: bool = False) -> str:
+def _check_packable(input: Path, flat: bool = False) -> Format:
     fmt = detect(input)
     name = fmt.name
-    if name not in PACKABLE and fmt.nothing_to_do:
+    if not fmt.pack and fmt.nothing_to_do:
         fmt.open(input)  # a layout recognised only to say why: its reason, as its error
-    if name not in PACKABLE:
+    if not fmt.pack:
+        takes = [n for n, cls in FORMATS.items() if cls.pack]
         raise UsageError(
             f"--pack does not take {name} inputs",
             file=input,
-            hint=f"--pack takes {', '.join(PACKABLE)}",
+            hint=f"--pack takes {', '.join(takes)}",
         )
-    if flat and name not in FLATTENABLE:
+    if flat and not fmt.flattens:
         raise UsageError(
             f"--flat does not take {name} inputs: it stores the datasets of an HDF5 file's "
             "episodes together",
             file=input,
-            hint=f"drop --flat; it takes {', '.join(FLATTENABLE)}",
+            hint=f"drop --flat; it takes {', '.join(n for n, c in FORMATS.items() if c.flattens)}",
         )
-    return name
+    return fmt
 
 
-def flat_hint(input: Path, format_name: str) -> str:
+def flat_hint(input: Path, fmt: Format) -> str:
     """What ``--pack`` without ``--flat`` adds to what it says of ``input`` (in format
-    ``format_name``): that ``--flat`` exists, for an HDF5 file of :data:`FLAT_HINT_EPISODES`
+    ``fmt``): that ``--flat`` exists, for an HDF5 file of :data:`FLAT_HINT_EPISODES`
     episodes or more (counted from its paths; nothing is measured)."""
-    if format_name not in FLATTENABLE:
+    if not fmt.flattens:
         return ""
     with h5_file(input) as f:
         episodes = largest_family(f)
@@ -145,7 +138,7 @@ def compress_packed(
     ``compress`` writes the inner container: the command's own function, handed in by it, as
     this module sits below the commands that use it."""
     input, output = Path(input), Path(output)
-    name = _check_packable(input, flat)
+    layout = _check_packable(input, flat)
     check_output(output, input, force=force)  # refuse early, before any work
     with (
         full_disk_said(output, lambda: _with_working_copy(disk_size(input))),
@@ -158,7 +151,7 @@ def compress_packed(
                 chooser = Chooser()
                 # A folder's leaves kept unchanged go straight into the packed file as the
                 # inner container is written, encoded while the input is read.
-                early = Early(f, chooser) if name in FOLDERS else None
+                early = Early(f, chooser) if layout.pack == "leaves" else None
                 # Not verified here: the packed file is verified as a whole below. Nor flushed
                 # to disk: it is read back at once from memory and deleted.
                 with scratch_folder(work):
@@ -188,7 +181,7 @@ def compress_packed(
         finally:
             removing.join()
     note = PACKED if result.keys else ONLY_FILTERED
-    note += FLAT_NOTE if flat else flat_hint(input, name)
+    note += FLAT_NOTE if flat else flat_hint(input, layout)
     return replace(result, output=str(output), bytes_after=disk_size(output), note=note)
 
 

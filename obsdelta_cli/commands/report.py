@@ -114,7 +114,7 @@ def report(
             time_dim=time_dim, chunk_mb=chunk_mb, flat=flat,
         )  # fmt: skip
         note = "--pack: the size after is predicted from a sample of each key's chunks"
-        note += "" if flat else flat_hint(Path(input), fmt.name)
+        note += "" if flat else flat_hint(Path(input), fmt)
         return replace(result, bytes_after=predicted, note=note)
     return result
 

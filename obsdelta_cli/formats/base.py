@@ -225,6 +225,12 @@ class Format(ABC):
     options: ClassVar[frozenset[str]] = frozenset()
     #: For layouts that never store a next observation twice: why there is nothing to do.
     nothing_to_do: ClassVar[str | None] = None
+    #: How ``compress --pack`` takes it: ``"file"``, packed from a working copy of the
+    #: compressed output; ``"leaves"``, the leaves it keeps unchanged written into the packed
+    #: file as the input is read (folders of ``.memmap`` files); ``None``: not at all.
+    pack: ClassVar[str | None] = None
+    #: Whether ``compress --pack --flat`` takes it (HDF5 files of episodes).
+    flattens: ClassVar[bool] = False
 
     @classmethod
     @abstractmethod

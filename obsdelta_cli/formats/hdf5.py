@@ -185,6 +185,8 @@ class HDF5Format(Format):
     """Base of the HDF5 layouts: they differ in how they are recognised and how pairs are found."""
 
     options = frozenset({"h5_compression"})
+    pack = "file"
+    flattens = True
     #: Leading dimensions that index transitions.
     batch_dims = 1
     #: Decoded chunks kept per filtered dataset for random reads (``open_dataset`` sets it);

@@ -49,6 +49,7 @@ def is_memmap_dir(path: Path) -> bool:
 
 class TedMemmap(FolderFormat):
     name = "ted-memmap"
+    pack = "leaves"
     summary = "TensorDict.memmap() directory (meta.json + *.memmap leaves)"
 
     @classmethod

@@ -170,6 +170,7 @@ class PtSink(Sink):
 
 class TedPt(TensorDictFormat):
     name = "ted-pt"
+    pack = "file"
     summary = "TensorDict saved with torch.save (.pt)"
 
     @classmethod

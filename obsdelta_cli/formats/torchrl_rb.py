@@ -37,6 +37,7 @@ STORAGE_META = "storage_metadata.json"
 
 class TorchRLReplayBuffer(FolderFormat):
     name = "torchrl-rb"
+    pack = "leaves"
     summary = "TorchRL ReplayBuffer.dumps() directory (storage/ memmap + storage_metadata.json)"
 
     @classmethod
