@@ -17,39 +17,30 @@ import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from . import interrupts
 from .atomic import clean_after_killed, release_locks
 from .errors import ObsdeltaError, OutputError, UsageError
-from .interrupts import import_heavy
 from .names import PACKED_SUFFIX
+from .options import Options
 from .report import DatasetResult
-
-#: The module with the command implementations, imported on first use (numpy and h5py; torch
-#: only where a format or codec needs it): the one place the command line names it.
-IMPLEMENTATION = "obsdelta_cli.commands"
-COMMANDS = ("compress", "inflate", "report", "verify")
-
-
-def command(name: str) -> Callable[..., DatasetResult]:
-    """The library function behind command ``name``."""
-    if name not in COMMANDS:
-        raise UsageError(f"unknown command {name!r}")
-    function: Callable[..., DatasetResult] = getattr(import_heavy(IMPLEMENTATION), name)
-    return function
 
 
 @dataclass(frozen=True)
 class Job:
-    """One command on one input."""
+    """One command on one input: the command is that of its options."""
 
-    command: str
     input: Path
     output: Path | None
-    options: dict[str, Any] = field(default_factory=dict)
+    options: Options
+
+    @property
+    def command(self) -> str:
+        """The command's name, as the command line spells it."""
+        return self.options.command
 
 
 @dataclass
@@ -66,9 +57,8 @@ class Outcome:
 def run_job(job: Job) -> Outcome:
     """Run a job, turning an expected failure into an :class:`Outcome` (never raising one)."""
     start = time.perf_counter()
-    args: tuple[Path, ...] = (job.input,) if job.output is None else (job.input, job.output)
     try:
-        result = command(job.command)(*args, **job.options)
+        result = job.options.run(job.input, job.output)
     except ObsdeltaError as exc:
         if exc.output is not None:
             job = replace(job, output=exc.output)

@@ -14,6 +14,7 @@ import json
 import sys
 from collections.abc import Callable
 from contextlib import closing
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -27,6 +28,7 @@ from . import __version__, interrupts
 from .batch import Job, Outcome, outputs_for, packed_name, run_all
 from .errors import ObsdeltaError, UsageError
 from .names import AUTO, CODECS, DEFAULT_CHUNK_MB, DEFAULT_CODEC, H5_COMPRESSIONS
+from .options import CompressOptions, InflateOptions, Options, ReportOptions, VerifyOptions
 from .plot import check_plotting, plot_report
 from .progress import Progress, RichProgress, showing
 from .render import render, render_summary
@@ -245,19 +247,18 @@ def _interrupted(
     return line + "; no partial output was left"
 
 
-def _namer(command: str, options: dict[str, Any]) -> Callable[[Path], str]:
+def _namer(options: Options) -> Callable[[Path], str]:
     """How an input's output is named in a folder of outputs: after the input, a packed file
     as an HDF5 file (``inflate`` of a packed file drops what that added again)."""
-    if command == "compress" and options.get("pack"):
+    if isinstance(options, CompressOptions) and options.pack:
         return packed_name
     return lambda p: p.name
 
 
 def _run(
-    command: str,
+    options: Options,
     inputs: list[Path],
     output_arg: str | None,
-    options: dict[str, Any],
     *,
     as_json: bool,
     quiet: bool,
@@ -278,17 +279,17 @@ def _run(
             if len(inputs) != 1:
                 raise UsageError("--plot takes one input", hint="run report once per input")
             check_plotting(plot)
-        outputs = outputs_for(inputs, output, folder=folder, name=_namer(command, options))
-        if folder and command == "inflate":
-            options = {**options, "named_after_input": True}
+        outputs = outputs_for(inputs, output, folder=folder, name=_namer(options))
+        if folder and isinstance(options, InflateOptions):
+            options = replace(options, named_after_input=True)
         if folder and output is not None and not output.exists():
             with interrupts.deferred():  # a Ctrl-C between the two would leave the folder
                 output.mkdir()
                 made = output
-        todo = [Job(command, i, o, options) for i, o in zip(inputs, outputs, strict=True)]
+        todo = [Job(i, o, options) for i, o in zip(inputs, outputs, strict=True)]
         bars = not (as_json or quiet) and _console(stderr=True).is_terminal
         with (
-            showing(RichProgress(command) if bars else Progress()) as progress,
+            showing(RichProgress(options.command) if bars else Progress()) as progress,
             closing(run_all(todo, workers=jobs, scheduler=scheduler)) as results,
         ):
             # Workers' own bars stay in their processes: here, the inputs done so far.
@@ -307,7 +308,7 @@ def _run(
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt as exc:
         where = output if folder else None
-        line = _interrupted(exc, command, len(inputs), outcomes, where)
+        line = _interrupted(exc, options.command, len(inputs), outcomes, where)
         print(line, file=sys.stderr)
         interrupts.reported.append(line)
         raise typer.Exit(interrupts.exit_code(exc)) from None
@@ -393,24 +394,23 @@ def compress(
 
     Example: obsdelta compress sample_data/hopper_ted -o hopper_small
     """
-    options = {
-        "codec": codec.value,
-        "keys": key,
-        "max_abs_error": max_abs_error,
-        "exceptions": not no_exceptions,
-        "time_dim": time_dim,
-        "force": force,
-        "chunk_mb": chunk_mb,
-        "options": {"h5_compression": h5_compression and h5_compression.value},
-        "verify": not no_verify,
-        "pack": pack,
-        "flat": flat,
-    }
+    options = CompressOptions(
+        codec=codec.value,
+        keys=None if key is None else tuple(key),
+        max_abs_error=max_abs_error,
+        exceptions=not no_exceptions,
+        time_dim=time_dim,
+        force=force,
+        chunk_mb=chunk_mb,
+        h5_compression=h5_compression and h5_compression.value,
+        verify=not no_verify,
+        pack=pack,
+        flat=flat,
+    )
     _run(
-        "compress",
+        options,
         input,
         output,
-        options,
         as_json=as_json,
         quiet=quiet,
         jobs=jobs,
@@ -433,12 +433,10 @@ def inflate(
 
     Example: obsdelta inflate hopper_small -o hopper_full
     """
-    options = {"force": force, "chunk_mb": chunk_mb}
     _run(
-        "inflate",
+        InflateOptions(force=force, chunk_mb=chunk_mb),
         input,
         output,
-        options,
         as_json=as_json,
         quiet=quiet,
         jobs=jobs,
@@ -492,20 +490,19 @@ def report(
 
     Example: obsdelta report sample_data/hopper_d4rl.hdf5 --max-abs-error 1e-3
     """
-    options = {
-        "codec": codec.value,
-        "keys": key,
-        "max_abs_error": max_abs_error,
-        "time_dim": time_dim,
-        "chunk_mb": chunk_mb,
-        "pack": pack,
-        "flat": flat,
-    }
+    options = ReportOptions(
+        codec=codec.value,
+        keys=None if key is None else tuple(key),
+        max_abs_error=max_abs_error,
+        time_dim=time_dim,
+        chunk_mb=chunk_mb,
+        pack=pack,
+        flat=flat,
+    )
     _run(
-        "report",
+        options,
         input,
         None,
-        options,
         as_json=as_json,
         quiet=False,
         jobs=jobs,
@@ -528,10 +525,9 @@ def verify(
     Example: obsdelta verify hopper_small && echo sound
     """
     _run(
-        "verify",
+        VerifyOptions(chunk_mb=chunk_mb),
         input,
         None,
-        {"chunk_mb": chunk_mb},
         as_json=as_json,
         quiet=quiet,
         jobs=jobs,

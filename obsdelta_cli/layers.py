@@ -18,8 +18,8 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("entry", "the console script", ("__main__",)),
     (
         "cli",
-        "the command line: options, the job runner, tables, plots",
-        ("cli", "batch", "render", "plot"),
+        "the command line: its options, typed per command, the job runner, tables, plots",
+        ("cli", "batch", "options", "render", "plot"),
     ),
     ("commands", "compress, inflate, report, verify as library functions", ("commands.*",)),
     (

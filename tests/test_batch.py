@@ -12,8 +12,10 @@ from pathlib import Path
 import h5py
 import pytest
 
-from obsdelta_cli import verify
-from obsdelta_cli.batch import Job, command, import_heavy, run_all
+from obsdelta_cli import options, verify
+from obsdelta_cli.batch import Job, run_all
+from obsdelta_cli.interrupts import import_heavy
+from obsdelta_cli.options import CompressOptions
 
 from .conftest import SAMPLE, Cli
 
@@ -108,8 +110,9 @@ def test_colliding_names_are_a_usage_error(cli: Cli, tmp_path: Path) -> None:
 
 
 def test_worker_processes_give_the_same_outputs(tmp_path: Path) -> None:
-    serial = [Job("compress", p, tmp_path / "s" / p.name, {"codec": "fp16"}) for p in INPUTS]
-    parallel = [Job("compress", p, tmp_path / "p" / p.name, {"codec": "fp16"}) for p in INPUTS]
+    fp16 = CompressOptions(codec="fp16")
+    serial = [Job(p, tmp_path / "s" / p.name, fp16) for p in INPUTS]
+    parallel = [Job(p, tmp_path / "p" / p.name, fp16) for p in INPUTS]
     (tmp_path / "s").mkdir()
     (tmp_path / "p").mkdir()
     a = {o.job.input: o.result for o in run_all(serial)}
@@ -162,7 +165,7 @@ def test_unreachable_scheduler(cli: Cli, tmp_path: Path) -> None:
 
 
 def test_objects_made_by_the_imports_are_kept_out_of_garbage_collection() -> None:
-    command("compress")
+    options._commands()
     assert gc.get_freeze_count() > 100_000  # torch's modules, functions and types
 
 

@@ -150,7 +150,7 @@ def test_a_signal_just_after_the_lock_is_taken_leaves_no_lock_file(
     # then ended with ``os._exit`` and the lock file stayed.
     out = tmp_path / "out"
     run = (
-        "batch._pool_job(batch.Job('compress', Path(sys.argv[1]), Path(sys.argv[2]), {}))"
+        "batch._pool_job(batch.Job(Path(sys.argv[1]), Path(sys.argv[2]), CompressOptions()))"
         if worker
         else "sys.argv[1:] = ['compress', sys.argv[1], '-o', sys.argv[2]]; __main__.main()"
     )
@@ -158,6 +158,7 @@ def test_a_signal_just_after_the_lock_is_taken_leaves_no_lock_file(
         "import sys\n"
         "from pathlib import Path\n"
         "from obsdelta_cli import __main__, atomic, batch, interrupts\n"
+        "from obsdelta_cli.options import CompressOptions\n"
         "interrupts.install()\n"
         "real = atomic.output_lock\n"
         "class SignalledOnEntry:\n"

@@ -194,6 +194,7 @@ def compress(
     force: bool = False,
     chunk_mb: float = DEFAULT_CHUNK_MB,
     options: dict[str, Any] | None = None,
+    h5_compression: str | None = None,
     verify: bool = True,
     pack: bool = False,
     flat: bool = False,
@@ -206,7 +207,8 @@ def compress(
     where it beats the raw bytes, else the key is kept as it is. With ``max_abs_error``,
     ``auto`` picks per key the smallest codec whose every row is within it. Rows a codec cannot
     store within the bound are kept exactly as exception rows; ``exceptions=False`` refuses the
-    key instead. ``options`` are container write options (``{"h5_compression": "zstd"}``).
+    key instead. ``h5_compression`` filters an HDF5 output's new datasets (``"zstd"``, ``"gzip"``,
+    ...; ``options={"h5_compression": ...}`` says the same).
     With ``verify`` (the default) the output is re-read and checked before it is put in place.
     With ``pack``, ``output`` is one packed HDF5 file (:mod:`.pack`); with ``flat`` too, each
     key's datasets of an HDF5 file's episodes are stored as one. ``copy_if_nothing``
@@ -220,7 +222,7 @@ def compress(
         return compress_packed(
             input, output, compress=compress, codec=codec, keys=keys, max_abs_error=max_abs_error,
             exceptions=exceptions, time_dim=time_dim, force=force, chunk_mb=chunk_mb,
-            options=options, verify=verify, flat=flat,
+            options=options, h5_compression=h5_compression, verify=verify, flat=flat,
         )  # fmt: skip
     if flat:
         raise UsageError("--flat needs --pack", hint="add --pack")
@@ -247,7 +249,8 @@ def compress(
         raise InputError(fmt.nothing_to_do, file=input, hint=NOTHING_HINT)
     source = open_detected(fmt, input)
     try:
-        options = {k: v for k, v in (options or {}).items() if v is not None}
+        options = {"h5_compression": h5_compression, **(options or {})}
+        options = {k: v for k, v in options.items() if v is not None}
         unknown = set(options) - fmt.options
         if unknown:
             raise UsageError(
