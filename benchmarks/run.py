@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import statistics
@@ -593,7 +594,20 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wrote {markdown} and {out / 'results.json'}", file=sys.stderr)
     remove(scratch)
     if args.publish:
-        shutil.copyfile(markdown, BENCH / "RESULTS.md")
+        published = BENCH / "RESULTS.md"
+        kept = other_sections(published.read_text()) if published.exists() else ""
+        published.write_text(markdown.read_text().rstrip("\n") + "\n" + kept)
+
+
+def other_sections(text: str) -> str:
+    """The sections of a published RESULTS.md that another script of this folder wrote (a
+    heading naming it, as ``## ... (`gzip_reads.py`)``): a new run of this one keeps them.
+
+    >>> other_sections("# run\\n## Targets\\nx\\n## Reads (`gzip_reads.py`)\\ny\\n")
+    '\\n## Reads (`gzip_reads.py`)\\ny\\n'
+    """
+    found = re.search(r"^## .*\(`(?!run\.py)\w+\.py`\)$", text, flags=re.M)
+    return "" if found is None else "\n" + text[found.start() :]
 
 
 if __name__ == "__main__":
