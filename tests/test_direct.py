@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import gc
 import mmap
 import os
 import shutil
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -517,3 +519,14 @@ def test_verify_reads_the_observations_of_a_folder_out_of_memory_once(
     verify(tmp_path / "small")
     assert cached_pages(observations) == 0
     assert obs[:-1].nbytes <= sum(made) <= obs[:-1].nbytes + 2 * (8 << 20)
+
+
+def test_a_reader_cut_short_while_made_closes_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM inside ``ColdReads.__init__`` left an object without its descriptor field,
+    whose ``__del__`` printed an AttributeError traceback after the command's one line."""
+    seen: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    with pytest.raises(OSError):
+        ColdReads(-1)  # fails where a signal may land: after the first field is set
+    gc.collect()
+    assert seen == []

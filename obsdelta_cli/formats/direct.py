@@ -213,6 +213,11 @@ class ColdReads:
     """Reads of one file opened read-only at ``fd``: :meth:`read` returns ``None`` where a
     buffered read is the better one (or the only one possible)."""
 
+    # Set before ``__init__`` runs: a signal raised inside it (SIGTERM, Ctrl-C) leaves a
+    # half-made object, which :meth:`__del__` closes all the same.
+    direct_fd: int = -1
+    base: int | None = None
+
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.size = os.fstat(fd).st_size
