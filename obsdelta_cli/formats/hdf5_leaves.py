@@ -18,7 +18,7 @@ from .base import ArrayStore, Key
 from .chunk_cache import BandReads, ChunkCache
 from .hdf5_chunks import DirectChunks
 from .hdf5_safety import scale_offset
-from .hdf5_types import type_anew
+from .hdf5_types import stored_type
 from .hdf5_walk import (
     OWN,
     FileReads,
@@ -93,36 +93,14 @@ def copy_attrs(src: Any, dst: Any) -> None:
         h5py.h5a.iterate(src.id, names.append, index_type=order)
         for name in names:
             attr = h5py.h5a.open(src.id, name)
-            space, stored = attr.get_space(), attr.get_type()
-            anew, dtype, raw = _copy_as(stored)
-            copy = h5py.h5a.create(dst.id, name, anew, space)
+            space, stored = attr.get_space(), stored_type(attr.get_type())
+            # The type built anew: HDF5 encodes it as the file's format asks, not as the
+            # source's did (a packed file's newer format would otherwise stay in the copy).
+            copy = h5py.h5a.create(dst.id, name, stored.anew, space)
             if space.get_simple_extent_type() != h5py.h5s.NULL:  # an empty one has no value
-                value = np.empty(space.shape, dtype=dtype)
-                attr.read(value, mtype=raw)
-                copy.write(value, mtype=raw)
-
-
-#: :func:`_copy_as` of each stored type seen, by its encoding: a file's attributes have a
-#: handful of types between them, and making one anew costs more than copying a value.
-_COPY_AS: dict[bytes, tuple[Any, np.dtype, Any]] = {}
-
-
-def _copy_as(stored: Any) -> tuple[Any, np.dtype, Any]:
-    """The type an attribute of type ``stored`` is copied as, the dtype its value is read
-    into, and the memory type it moves through (``None``: HDF5's conversion of ``dtype``)."""
-    encoded = stored.encode()
-    found = _COPY_AS.get(encoded)
-    if found is None:
-        # The type built anew: HDF5 encodes it as the file's format asks, not as the source's
-        # did (a packed file's newer format would otherwise stay in the copy). An array type
-        # reads as numbers with more dimensions, which HDF5 does not convert to: its values
-        # move as they are stored.
-        raw = stored if stored.get_class() == h5py.h5t.ARRAY else None
-        found = type_anew(stored), stored.dtype, raw
-        if len(_COPY_AS) >= 256:  # a file of a type per attribute gains nothing from keeping them
-            _COPY_AS.clear()
-        _COPY_AS[encoded] = found
-    return found
+                value = np.empty(space.shape, dtype=stored.dtype)
+                attr.read(value, mtype=stored.raw)
+                copy.write(value, mtype=stored.raw)
 
 
 def contiguous_span(

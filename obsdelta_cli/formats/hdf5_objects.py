@@ -17,7 +17,7 @@ from h5py._objects import phil
 from .apart import SILENCE_SECONDS, apart, beat
 from .direct import PIECE, ColdReads
 from .hdf5_leaves import META_ATTR, REPLACED_TWINS
-from .hdf5_types import space_anew, type_anew
+from .hdf5_types import StoredType, space_anew, stored_type, type_anew
 from .hdf5_walk import OWN, objects_of
 
 
@@ -99,11 +99,6 @@ def attrs_hash(obj: Any, exclude: str | None = None, *, types_anew: bool = False
     return attrs_hashes(obj, exclude)[types_anew]
 
 
-#: Type classes :func:`~.hdf5_types.type_anew` builds member by member; a type of another
-#: class encodes the same anew.
-_BUILT_ANEW = frozenset((h5py.h5t.ENUM, h5py.h5t.COMPOUND, h5py.h5t.ARRAY, h5py.h5t.VLEN))
-
-
 def attrs_hashes(obj: Any, exclude: str | None = None) -> tuple[str, str]:
     """:func:`attrs_hash` of ``obj`` as stored and with ``types_anew``, from one read of each
     attribute (an object may hold 100,000). Each attribute is read through HDF5's own calls as
@@ -118,16 +113,12 @@ def attrs_hashes(obj: Any, exclude: str | None = None) -> tuple[str, str]:
             if name == exclude:
                 continue
             attr = h5py.h5a.open(oid, stored_name)
-            stored = attr.get_type()
-            encoded = stored.encode()  # how the stored bytes read
-            read = _read_as(stored, encoded)
+            stored = stored_type(attr.get_type())
             shape = attr.shape  # ``None`` for an empty one, which h5py reads as ``Empty``
-            value = np.asarray(
-                obj.attrs[name] if shape is None else _attr_value(attr, shape, *read[:2])
-            )
+            value = np.asarray(obj.attrs[name] if shape is None else _attr_value(attr, stored))
             both.update(f"{name}\0{value.dtype.str}\0{value.shape}\0".encode())
-            h.update(encoded)
-            anew.update(read[2])
+            h.update(stored.encoded)  # how the stored bytes read
+            anew.update(stored.anew_encoded)
             if value.dtype.kind == "O":
                 both.update(repr(value.tolist()).encode())
             else:  # a compound may hold variable-length fields too: never their pointers
@@ -154,33 +145,15 @@ def _decoded(name: bytes) -> Any:
         return name
 
 
-#: :func:`_read_as` of each stored type seen, by its encoding (a file's attributes have a
-#: handful of types between them, and making each anew costs more than reading the value).
-_READ_AS: dict[bytes, tuple[np.dtype, Any, bytes]] = {}
-
-
-def _read_as(stored: Any, encoded: bytes) -> tuple[np.dtype, Any, bytes]:
-    """The dtype h5py reads a stored type as, the memory type it reads it through, and the
-    type's encoding anew (:func:`~.hdf5_types.type_anew`)."""
-    found = _READ_AS.get(encoded)
-    if found is None:
-        dtype = stored.dtype
-        anew = type_anew(stored).encode() if stored.get_class() in _BUILT_ANEW else encoded
-        found = dtype, h5py.h5t.py_create(dtype), anew
-        if len(_READ_AS) >= 256:  # a file of a type per attribute gains nothing from keeping them
-            _READ_AS.clear()
-        _READ_AS[encoded] = found
-    return found
-
-
-def _attr_value(attr: Any, shape: tuple[int, ...], dtype: np.dtype, mtype: Any) -> Any:
-    """The value of attribute ``attr`` of ``shape`` (not empty), as h5py's ``attrs[name]``
-    gives it, read as ``dtype`` through HDF5 memory type ``mtype``."""
+def _attr_value(attr: Any, stored: StoredType) -> Any:
+    """The value of attribute ``attr`` (not empty) of type ``stored``, as h5py's
+    ``attrs[name]`` gives it."""
+    shape, dtype = attr.shape, stored.dtype
     if dtype.subdtype is not None:  # an array type: its dimensions become the value's
         dtype, inner = dtype.subdtype
         shape = shape + inner
     arr = np.zeros(shape, dtype=dtype, order="C")
-    attr.read(arr, mtype=mtype)
+    attr.read(arr, mtype=stored.read_as)
     string = h5py.check_string_dtype(dtype)
     if string and string.length is None:  # variable-length strings read as text
         flat = [b.decode("utf-8", "surrogateescape") for b in arr.flat]

@@ -7,9 +7,11 @@ version that can hold them, which is how a file of the earliest format stores th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import h5py
+import numpy as np
 
 
 def type_anew(t: Any) -> Any:
@@ -47,3 +49,41 @@ def space_anew(space: Any) -> Any:
     if kind == h5py.h5s.SIMPLE:
         return h5py.h5s.create_simple(space.shape, space.get_simple_extent_dims(True))
     return h5py.h5s.create(kind)
+
+
+@dataclass(frozen=True)
+class StoredType:
+    """What reading and copying values of one stored type needs, worked out once per type:
+    a file's attributes have a handful of types between them (an object may hold 100,000
+    attributes), and building a type costs more than moving a value."""
+
+    #: The stored type's encoding: how its stored bytes read.
+    encoded: bytes
+    #: The dtype h5py reads it as, and the memory type h5py reads it through.
+    dtype: np.dtype
+    read_as: Any
+    #: The type built anew (:func:`type_anew`), and its encoding.
+    anew: Any
+    anew_encoded: bytes
+    #: The memory type a copy moves values through: an array type reads as numbers with more
+    #: dimensions, which HDF5 does not convert to, so its values move as they are stored;
+    #: ``None`` for HDF5's conversion of :attr:`dtype`.
+    raw: Any
+
+
+#: :func:`stored_type` of each type seen, by its encoding.
+_STORED: dict[bytes, StoredType] = {}
+
+
+def stored_type(t: Any) -> StoredType:
+    """:class:`StoredType` of HDF5 type ``t`` (kept for the next of the same encoding)."""
+    encoded = t.encode()
+    found = _STORED.get(encoded)
+    if found is None:
+        dtype, anew = t.dtype, type_anew(t)
+        raw = t if t.get_class() == h5py.h5t.ARRAY else None
+        found = StoredType(encoded, dtype, h5py.h5t.py_create(dtype), anew, anew.encode(), raw)
+        if len(_STORED) >= 256:  # a file of a type per attribute gains nothing from keeping them
+            _STORED.clear()
+        _STORED[encoded] = found
+    return found
