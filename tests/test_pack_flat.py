@@ -19,7 +19,7 @@ from tensordict import TensorDictBase
 from torch.utils.data import DataLoader
 
 from obsdelta_cli import collate, compress, inflate, open_dataset, report, verify
-from obsdelta_cli.commands.pack import FLATTENABLE
+from obsdelta_cli.commands.pack import flattenable
 from obsdelta_cli.errors import DataError, InputError, ObsdeltaError
 from obsdelta_cli.formats import detect
 from obsdelta_cli.formats.hdf5_meta import read_meta
@@ -34,7 +34,7 @@ from .test_pack import SAMPLES, input_in, plain_h5py_reads, same_container, same
 from .writers import WRITERS, write_minari
 
 
-@pytest.fixture(params=FLATTENABLE)
+@pytest.fixture(params=flattenable())
 def source(request: pytest.FixtureRequest, tmp_path: Path, hopper: TensorDictBase) -> Path:
     """A real Hopper rollout in each HDF5 layout ``--flat`` takes (copied: never written to)."""
     return input_in(request.param, tmp_path, hopper)

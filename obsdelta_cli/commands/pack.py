@@ -43,13 +43,20 @@ from .verify import verify_written
 
 #: Working folders beside OUTPUT: ``.OUTPUT.obsdelta-pack-PID``.
 WORK_MARK = ".obsdelta-pack-"
-#: Inputs ``--pack`` takes, by format name (each layout says so: ``Format.pack``).
-PACKABLE = tuple(name for name, cls in FORMATS.items() if cls.pack)
-#: Inputs whose leaves ``--pack`` writes into the packed file as it compresses (folders of
-#: ``.memmap`` files), rather than to a working copy it then packs.
-FOLDERS = tuple(name for name, cls in FORMATS.items() if cls.pack == "leaves")
-#: Inputs ``--pack --flat`` takes: HDF5 files (``Format.flattens``).
-FLATTENABLE = tuple(name for name, cls in FORMATS.items() if cls.flattens)
+
+
+def packable(how: str | None = None) -> tuple[str, ...]:
+    """The registered layouts ``--pack`` takes (each says so: ``Format.pack``), those it takes
+    ``how`` where given (``"leaves"``: folders of ``.memmap`` files, whose leaves go into the
+    packed file as it compresses, rather than to a working copy it then packs)."""
+    return tuple(name for name, cls in FORMATS.items() if cls.pack and how in (None, cls.pack))
+
+
+def flattenable() -> tuple[str, ...]:
+    """The registered layouts ``--pack --flat`` takes: HDF5 files (``Format.flattens``)."""
+    return tuple(name for name, cls in FORMATS.items() if cls.flattens)
+
+
 #: What ``compress --pack --flat`` adds to what it says.
 FLAT_NOTE = "; each key's datasets of every episode stored as one (--flat)"
 #: ``compress --pack`` of an HDF5 file with at least this many episodes suggests ``--flat``.
@@ -90,18 +97,17 @@ def _check_packable(input: Path, flat: bool = False) -> Format:
     if not fmt.pack and fmt.nothing_to_do:
         fmt.open(input)  # a layout recognised only to say why: its reason, as its error
     if not fmt.pack:
-        takes = [n for n, cls in FORMATS.items() if cls.pack]
         raise UsageError(
             f"--pack does not take {name} inputs",
             file=input,
-            hint=f"--pack takes {', '.join(takes)}",
+            hint=f"--pack takes {', '.join(packable())}",
         )
     if flat and not fmt.flattens:
         raise UsageError(
             f"--flat does not take {name} inputs: it stores the datasets of an HDF5 file's "
             "episodes together",
             file=input,
-            hint=f"drop --flat; it takes {', '.join(n for n, c in FORMATS.items() if c.flattens)}",
+            hint=f"drop --flat; it takes {', '.join(flattenable())}",
         )
     return fmt
 
