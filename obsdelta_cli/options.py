@@ -18,8 +18,6 @@ from .interrupts import import_heavy
 from .names import DEFAULT_CHUNK_MB, DEFAULT_CODEC
 
 if TYPE_CHECKING:
-    from types import ModuleType
-
     from .report import DatasetResult
 
 #: The module with the command implementations, imported when a job runs (numpy and h5py;
@@ -27,9 +25,10 @@ if TYPE_CHECKING:
 IMPLEMENTATION = "obsdelta_cli.commands"
 
 
-def _commands() -> ModuleType:
-    """The command implementations, imported as heavy modules are (see ``import_heavy``)."""
-    return import_heavy(IMPLEMENTATION)
+def load_commands() -> None:
+    """Import the command implementations as heavy modules are imported (``import_heavy``):
+    each ``run`` then takes its function from the loaded module."""
+    import_heavy(IMPLEMENTATION)
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,7 @@ class CompressOptions:
     def run(self, input: Path, output: Path | None) -> DatasetResult:
         """Compress ``input`` into ``output``."""
         assert output is not None, "compress writes an output"
-        _commands()
+        load_commands()
         from .commands import compress
 
         return compress(
@@ -85,7 +84,7 @@ class InflateOptions:
     def run(self, input: Path, output: Path | None) -> DatasetResult:
         """Inflate ``input`` into ``output``."""
         assert output is not None, "inflate writes an output"
-        _commands()
+        load_commands()
         from .commands import inflate
 
         return inflate(
@@ -112,7 +111,7 @@ class ReportOptions:
 
     def run(self, input: Path, output: Path | None = None) -> DatasetResult:
         """Report on ``input`` (nothing is written)."""
-        _commands()
+        load_commands()
         from .commands import report
 
         return report(
@@ -136,7 +135,7 @@ class VerifyOptions:
 
     def run(self, input: Path, output: Path | None = None) -> DatasetResult:
         """Verify ``input`` (nothing is written)."""
-        _commands()
+        load_commands()
         from .commands import verify
 
         return verify(input, chunk_mb=self.chunk_mb)

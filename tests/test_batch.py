@@ -165,7 +165,7 @@ def test_unreachable_scheduler(cli: Cli, tmp_path: Path) -> None:
 
 
 def test_objects_made_by_the_imports_are_kept_out_of_garbage_collection() -> None:
-    options._commands()
+    options.load_commands()
     assert gc.get_freeze_count() > 100_000  # torch's modules, functions and types
 
 

@@ -370,14 +370,14 @@ def _with_many_attrs(path: Path, count: int) -> Path:
             if isinstance(ds, h5py.Dataset):
                 f.create_dataset(name, data=ds[()])
         obs = f["observations"]
+        kinds = (
+            lambda i: i,  # an integer
+            lambda i: np.arange(i % 7, dtype="f4"),  # float arrays, empty ones included
+            lambda i: f"s{i}",  # a variable-length string
+            lambda i: np.array([f"v{i}".encode()] * 2),  # fixed-length byte strings
+        )
         for i in range(count):
-            kind = i % 4
-            value: object = (
-                i if kind == 0 else np.arange(i % 7, dtype="f4") if kind == 1 else f"s{i}"
-            )
-            if kind == 3:
-                value = np.array([f"v{i}".encode()] * 2)
-            obs.attrs[f"a{i:06d}"] = value
+            obs.attrs[f"a{i:06d}"] = kinds[i % len(kinds)](i)
     return path
 
 

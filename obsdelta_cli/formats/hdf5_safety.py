@@ -253,7 +253,8 @@ def _check_datasets(f: h5py.File, path: Path, virtual: Allowed | None) -> tuple[
     damaged: list[str] = []
     references: list[str] = []
     uncached = [False]
-    most = [h5py.h5o.get_info(f.id).num_attrs]
+    root_attrs = h5py.h5o.get_info(f.id).num_attrs
+    most = [root_attrs]
 
     def visit(name: bytes, info: Any) -> None:
         beat()
@@ -306,7 +307,7 @@ def _check_datasets(f: h5py.File, path: Path, virtual: Allowed | None) -> tuple[
             hint="the file is damaged or its datasets were declared longer than written; "
             "resize them to the rows written (h5py: Dataset.resize) and retry",
         )
-    references[:0] = _reference_attrs(f, b".", h5py.h5o.get_info(f.id).num_attrs)
+    references[:0] = _reference_attrs(f, b".", root_attrs)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise InputError(problems[0] + more, file=path, hint=_OUTSIDE_HINT)
