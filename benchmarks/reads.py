@@ -14,8 +14,9 @@ Prints one JSON object:
 - ``storage``: the same batches through ``ObsdeltaStorage(COMPRESSED).get(idx)``, what a
   TorchRL replay buffer's ``sample`` calls (when torchrl is installed).
 - Reads of a compressed file are checked: each block of a leaf the first time the process
-  reads it (see ``obsdelta_cli.blocks``). The figures above are of warm checks (every block
-  was read before they are timed). ``checked_epochs_seconds`` (``open_dataset``) and
+  reads it (see ``obsdelta_cli.blocks``). The figures above are of warm checks: each reader
+  reads the same batches once, untimed, before they are timed, so every block it serves was
+  checked before. ``checked_epochs_seconds`` (``open_dataset``) and
   ``storage_epochs_seconds``: seconds of one epoch (every row once, in random batches of 256,
   up to ``EPOCH_BATCHES`` batches) through a reader opened for it, whose first read of each
   block checks it, then of the same epoch again through the same reader;
@@ -115,7 +116,11 @@ def torchrl_storage(path: Path) -> tuple[int, Reader] | None:
 
 
 def rows_per_second(read: Reader, batches: list[torch.Tensor]) -> float:
-    read(batches[0])  # first-call set-up is not a training read
+    """Rows per second of ``batches`` through ``read``, warm: one untimed pass over the same
+    batches first, so that every reader has checked the blocks it serves before it is timed
+    (first reads are timed apart, in :func:`first_reads`)."""
+    for idx in batches:
+        read(idx)
     start = time.perf_counter()
     rows = 0
     for idx in batches:

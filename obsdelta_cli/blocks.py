@@ -37,7 +37,7 @@ import xxhash
 from .checksum import Hasher
 from .errors import DamagedError
 from .formats.base import Source, key_str
-from .formats.leaf import as_rows, is_data
+from .formats.leaf import FlatRows, as_rows, is_data
 from .manifest import KeyRecord, Manifest
 from .rebuild import Exceptions, take
 from .stream import Stream, ahead
@@ -157,6 +157,8 @@ class CheckedRows:
         algorithm: str | None = None,
     ) -> None:
         self.rows, self.shape, self.dtype = rows, tuple(rows.shape), rows.dtype
+        #: Slices of a lazy leaf are read into new arrays (see :func:`~obsdelta_cli.rebuild.take`).
+        self.fresh_slices = isinstance(rows, FlatRows)
         self.block, self.file, self.key, self.algorithm = block, file, key, algorithm
         self._digests = digests
         count = -(-self.shape[0] // block) if block else 0
@@ -179,8 +181,10 @@ class CheckedRows:
             hint="restore it or compress again",
         )
 
-    def _check_block(self, b: int) -> None:
-        values = self.rows[b * self.block : (b + 1) * self.block]
+    def _check_block(self, b: int, values: np.ndarray | None = None) -> None:
+        """Check block ``b``: its ``values`` where the caller read them, else read now."""
+        if values is None:
+            values = self.rows[b * self.block : (b + 1) * self.block]
         if self.algorithm is not None:  # one hash of the whole leaf
             hasher = Hasher(self.algorithm)
             hasher.update(np.ascontiguousarray(values))
@@ -212,11 +216,27 @@ class CheckedRows:
         for b in np.flatnonzero(touched & ~self.checked).tolist():
             self._check_block(int(b))
 
+    def _check_read(self, start: int, values: np.ndarray) -> None:
+        """Check the blocks of rows ``start:start + len(values)`` not checked yet; those whole
+        in ``values`` are hashed from them (the rows served are the rows checked, read once),
+        the one or two cut by its ends are read whole."""
+        stop = start + len(values)
+        for b in range(start // self.block, -(-stop // self.block)):
+            if self.checked[b]:
+                continue
+            lo, hi = b * self.block, min((b + 1) * self.block, self.shape[0])
+            inside = start <= lo and hi <= stop
+            self._check_block(b, values[lo - start : hi - start] if inside else None)
+
     def __getitem__(self, key: Any) -> np.ndarray:
         if isinstance(key, slice):
-            start, stop, _ = key.indices(self.shape[0])
-            self.check(start, stop)
-            return np.asarray(self.rows[key])
+            start, stop, step = key.indices(self.shape[0])
+            if step != 1:
+                return self[np.arange(start, stop, step)]
+            values = np.asarray(self.rows[start : max(start, stop)])
+            if not self._all:
+                self._check_read(start, values)
+            return values
         idx = np.asarray(key)
         self.check_rows(idx.reshape(-1))
         return take(self.rows, idx)

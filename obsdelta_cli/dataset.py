@@ -43,12 +43,13 @@ from .formats import Key, Source
 from .formats.leaf import as_rows, is_data
 from .identity import Identity, changed, identity
 from .inputs import manifest_of, open_input, stream_for
-from .rebuild import StoredPair, stored_pairs, take
+from .rebuild import Index, StoredPair, stored_pairs, take
 
 if TYPE_CHECKING:  # tensordict costs seconds to import; HDF5 work never needs it
     from tensordict import TensorDictBase
 
-Reader = Callable[[np.ndarray], np.ndarray]
+#: Rows of one leaf: by index array, or a contiguous slice of rows.
+Reader = Callable[[Index], np.ndarray]
 #: Decoded chunks kept per filtered HDF5 dataset, packed file or not (frame-delta datasets of a
 #: packed file included).
 DEFAULT_CACHE_MB = 256
@@ -203,8 +204,6 @@ class ObsdeltaDataset(Dataset):
     ) -> TensorDictBase:
         if isinstance(item, int):
             return self.read(np.array([item], dtype=np.int64))[0]
-        if isinstance(item, slice):
-            return self.read(np.arange(len(self), dtype=np.int64)[item])
         return self.read(item)
 
     def keys(self) -> list[Key]:
@@ -212,11 +211,19 @@ class ObsdeltaDataset(Dataset):
         return list(dict.fromkeys(k for seg in self._segments for k in seg.readers))
 
     def read(
-        self, idx: torch.Tensor | np.ndarray | list[int], keys: Iterable[Key] | None = None
+        self,
+        idx: torch.Tensor | np.ndarray | list[int] | slice,
+        keys: Iterable[Key] | None = None,
     ) -> TensorDictBase:
-        """Rows ``idx`` (row numbers: a 1-D tensor, array or list) of the leaves ``keys`` only
-        (all by default): a sampler that needs the done flags reads them without the
-        observations."""
+        """Rows ``idx`` (row numbers: a 1-D tensor, array or list; or a slice) of the leaves
+        ``keys`` only (all by default): a sampler that needs the done flags reads them without
+        the observations. A slice of consecutive rows is read as such, block by block, without
+        a gather."""
+        if isinstance(idx, slice):
+            start, stop, step = idx.indices(len(self))
+            if step == 1 and start < stop:
+                return self._guarded(slice(start, stop), keys)
+            idx = np.arange(start, stop, step, dtype=np.int64)
         # A new array object per call, even for the caller's own: rebuilds keep the rows of
         # the last index array they gathered, by identity (see Rebuild.observations).
         idx = _index_array(idx)
@@ -226,6 +233,10 @@ class ObsdeltaDataset(Dataset):
                 raise IndexError(f"index out of range for {len(self)} transitions")
             if low < 0:
                 idx = idx % len(self)
+        return self._guarded(idx, keys)
+
+    def _guarded(self, idx: Index, keys: Iterable[Key] | None) -> TensorDictBase:
+        """Rows ``idx`` (checked to be in range), from the file as this reader opened it."""
         if self._pid != os.getpid():
             # A DataLoader worker forked after the file was opened: HDF5 is not fork-safe.
             self.__init__(self.path, self.cache_mb, opened=self._opened)  # type: ignore[misc]
@@ -238,12 +249,19 @@ class ObsdeltaDataset(Dataset):
                 raise FileChangedError(self.path) from exc
             raise
 
-    def _read(self, idx: np.ndarray, wanted: set[Key] | None) -> TensorDictBase:
+    def _read(self, idx: Index, wanted: set[Key] | None) -> TensorDictBase:
         parts: dict[Key, np.ndarray] = {}
-        if len(self._segments) == 1:  # one geometry (TED, D4RL): no scatter needed
-            readers = self._segments[0].readers.items()
+        if len(self._segments) == 1 or _count(idx) == 0:
+            # One geometry (TED, D4RL): no scatter needed; no rows: the first segment's leaves.
+            idx = idx if _count(idx) else np.zeros(0, dtype=np.int64)
+            readers = self._segments[0].readers.items() if self._segments else ()
             parts = {key: read(idx) for key, read in readers if wanted is None or key in wanted}
-            return _tensordict(parts, idx.size)
+            return _tensordict(parts, _count(idx))
+        if isinstance(idx, slice):
+            found = self._read_span(idx, wanted)
+            if found is not None:
+                return found
+            idx = np.arange(idx.start, idx.stop, dtype=np.int64)
         segment = np.searchsorted(self._offsets, idx, side="right") - 1
         for i, seg in enumerate(self._segments):
             mask = segment == i
@@ -258,6 +276,29 @@ class ObsdeltaDataset(Dataset):
                     parts[key] = np.empty((idx.size, *values.shape[1:]), dtype=values.dtype)
                 parts[key][mask] = values
         return _tensordict(parts, idx.size)
+
+    def _read_span(self, span: slice, wanted: set[Key] | None) -> TensorDictBase | None:
+        """Consecutive rows across segments, each segment's part read as a slice; ``None``
+        where a leaf is not in every segment they cross (the index path then leaves its
+        other rows as they are)."""
+        pieces: dict[Key, list[np.ndarray]] = {}
+        crossed = 0
+        for i, seg in enumerate(self._segments):
+            lo, hi = (
+                max(span.start, int(self._offsets[i])),
+                min(span.stop, int(self._offsets[i + 1])),
+            )
+            if lo >= hi:
+                continue
+            crossed += 1
+            local = slice(lo - int(self._offsets[i]), hi - int(self._offsets[i]))
+            for key, read in seg.readers.items():
+                if wanted is None or key in wanted:
+                    pieces.setdefault(key, []).append(read(local))
+        if any(len(values) != crossed for values in pieces.values()):
+            return None
+        parts = {k: v[0] if len(v) == 1 else np.concatenate(v) for k, v in pieces.items()}
+        return _tensordict(parts, span.stop - span.start)
 
     def __getitems__(self, indices: list[int]) -> TensorDictBase:
         # DataLoader hands a whole batch of indices here: one vectorised read per batch.
@@ -277,6 +318,10 @@ class ObsdeltaDataset(Dataset):
         self.__init__(  # type: ignore[misc]
             state["path"], state["cache_mb"], opened=None if opened is None else Identity(*opened)
         )
+
+
+def _count(idx: Index) -> int:
+    return idx.stop - idx.start if isinstance(idx, slice) else idx.size
 
 
 def _index_array(idx: Any) -> np.ndarray:
@@ -348,14 +393,16 @@ def _minari_segments(leaves: dict[Key, Any]) -> list[_Segment]:
 
 
 def _shifted(rows: Any) -> Reader:
-    def read(idx: np.ndarray) -> np.ndarray:
+    def read(idx: Index) -> np.ndarray:
+        if isinstance(idx, slice):
+            return take(rows, slice(idx.start + 1, idx.stop + 1))
         return take(rows, idx + 1)
 
     return read
 
 
 def _reader(rows: Any) -> Reader:
-    def read(idx: np.ndarray) -> np.ndarray:
+    def read(idx: Index) -> np.ndarray:
         return take(rows, idx)
 
     return read
@@ -389,7 +436,7 @@ def _done(readers: dict[Key, Reader]) -> Reader:
     """``done = terminated | truncated``, for layouts (D4RL) that store only the two flags."""
     term, trunc = readers[("next", "terminated")], readers.get(("next", "truncated"))
 
-    def read(idx: np.ndarray) -> np.ndarray:
+    def read(idx: Index) -> np.ndarray:
         flags = term(idx)
         return flags | trunc(idx) if trunc is not None else flags
 

@@ -92,8 +92,19 @@ class Exceptions:
         return np.packbits(bits, bitorder="little")
 
 
-def take(rows: Any, idx: np.ndarray) -> np.ndarray:
-    """Rows ``idx`` of a flat leaf; a lazy leaf is read in sorted runs, each run once."""
+#: Row numbers: an index array, or a contiguous slice of rows (``step`` 1, in range).
+Index = np.ndarray | slice
+
+
+def take(rows: Any, idx: Index) -> np.ndarray:
+    """Rows ``idx`` of a flat leaf, as a new array; a lazy leaf is read in sorted runs, each
+    run once, and a slice of rows as one read."""
+    if isinstance(idx, slice):
+        values = rows[idx]
+        # A mapped file's slice is a view of the file, a constant leaf's a broadcast: the
+        # caller gets its own rows, in order, as a gather would give them.
+        fresh = isinstance(rows, FlatRows) or getattr(rows, "fresh_slices", False)
+        return np.ascontiguousarray(values) if fresh else np.array(values)
     if not isinstance(rows, FlatRows):
         return rows[idx]
     if idx.size == 0:
@@ -145,7 +156,7 @@ class Rebuild:
         self.delta = delta
         self.geometry = geometry
         self.exceptions = exceptions
-        self._memo: tuple[np.ndarray, np.ndarray] | None = None
+        self._memo: tuple[Index, np.ndarray] | None = None
         self._bitmap: np.ndarray | bool | None = None
 
     def rows(self, sl: slice) -> np.ndarray:
@@ -170,7 +181,8 @@ class Rebuild:
         else:
             obs, successor = self.obs[sl], None
         stored = None if self.delta is None else self.delta[sl]
-        rebuilt = decode(self.codec, obs, stored, successor, self.dtype)
+        # The window's successors are a new array, nobody else's: they may be the result.
+        rebuilt = decode(self.codec, obs, stored, successor, self.dtype, view=True)
         if self.exceptions is not None:
             self.exceptions.patch_slice(rebuilt, sl)
         return RowParts(rebuilt, obs, stored)
@@ -183,7 +195,7 @@ class Rebuild:
             self._bitmap = self.exceptions.bitmap(rows) if rows <= BITMAP_ROWS else False
         return self._bitmap if isinstance(self._bitmap, np.ndarray) else None
 
-    def observations(self, idx: np.ndarray) -> np.ndarray:
+    def observations(self, idx: Index) -> np.ndarray:
         """Rows ``idx`` of the observations. The gather is kept for a second call with the same
         index array: a dataset reads the observations and the next ones of one batch, and
         gathers the rows once. Callers must not change the result in place."""
@@ -194,8 +206,10 @@ class Rebuild:
         self._memo = (idx, rows)
         return rows
 
-    def take(self, idx: np.ndarray) -> np.ndarray:
-        """Rows ``idx`` (any order), one gather per leaf."""
+    def take(self, idx: Index) -> np.ndarray:
+        """Rows ``idx`` (any order, or a slice of rows), one gather per leaf."""
+        if isinstance(idx, slice):
+            return self.rows(idx)
         g = self.geometry
         obs = self.observations(idx)
         successor = None

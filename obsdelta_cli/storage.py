@@ -149,6 +149,8 @@ class ObsdeltaStorage(TensorStorage):
 
     def get(self, index: Any) -> TensorDictBase:
         """Rows ``index`` as one TensorDict; an int gives one row (batch shape ``[]``)."""
+        if isinstance(index, slice):  # consecutive rows are read as such, without a gather
+            return self.read(index)
         idx = _index(index, len(self))
         flat = self.read(idx.reshape(-1))
         return flat.reshape(idx.shape) if idx.dim() != 1 else flat
@@ -158,8 +160,9 @@ class ObsdeltaStorage(TensorStorage):
             return Rows(self, None if isinstance(index, slice) else _index(index, len(self)))
         return self.get(index)
 
-    def read(self, idx: torch.Tensor, keys: list[Key] | None = None) -> TensorDictBase:
-        """Rows ``idx`` (1-D) of the leaves ``keys`` (all by default), in TorchRL's shapes."""
+    def read(self, idx: torch.Tensor | slice, keys: list[Key] | None = None) -> TensorDictBase:
+        """Rows ``idx`` (1-D, or a slice) of the leaves ``keys`` (all by default), in TorchRL's
+        shapes."""
         rows = self._data.read(idx, keys)
         for key in FLAGS:
             # D4RL and robomimic keep rewards and flags as [N]; TorchRL wants [N, 1], else
@@ -183,12 +186,13 @@ class ObsdeltaStorage(TensorStorage):
         leaf = self.schema().get(key)
         if math.prod(leaf.shape[1:]) * leaf.element_size() <= CACHED_ROW_BYTES:
             if key not in self._columns:
-                self._columns[key] = self.read(torch.arange(len(self)), [key]).get(key)
+                self._columns[key] = self.read(slice(None), [key]).get(key)
             whole = self._columns[key]
             return whole if idx is None else whole[idx]
-        rows = torch.arange(len(self)) if idx is None else idx
-        values = self.read(rows.reshape(-1), [key]).get(key)
-        return values.reshape(*rows.shape, *values.shape[1:])
+        if idx is None:
+            return self.read(slice(None), [key]).get(key)
+        values = self.read(idx.reshape(-1), [key]).get(key)
+        return values.reshape(*idx.shape, *values.shape[1:])
 
     @property
     def ends(self) -> torch.Tensor:

@@ -29,6 +29,7 @@ from obsdelta_cli.inputs import open_input
 from obsdelta_cli.manifest import FORMAT_VERSION
 from obsdelta_cli.render import _size
 
+from .conformance import check_slices
 from .conftest import SAMPLE, Cli, tree_hash
 from .manifests import manifest_of
 from .realistic import drifting_frames, offering_frame_deltas
@@ -187,6 +188,7 @@ def same_transitions(source: Path, packed_file: Path) -> None:
 def test_open_dataset_trains_from_a_packed_file(source: Path, tmp_path: Path) -> None:
     compress(source, tmp_path / "p.h5", pack=True)
     same_transitions(source, tmp_path / "p.h5")
+    check_slices(tmp_path / "p.h5")
 
 
 def test_report_pack_predicts_the_packed_size(source: Path, tmp_path: Path) -> None:

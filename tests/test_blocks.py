@@ -1,0 +1,86 @@
+"""Block checksums: slices of rows are checked from the values they serve, each block once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from obsdelta_cli.blocks import CheckedRows, digests
+from obsdelta_cli.errors import DamagedError
+from obsdelta_cli.rebuild import take
+
+BLOCK = 8
+
+
+class CountedRows:
+    """Rows read through slices, each read recorded (a lazy leaf's reads)."""
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.values, self.shape, self.dtype = values, values.shape, values.dtype
+        self.reads: list[tuple[int, int]] = []
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        start, stop, _ = key.indices(self.shape[0])
+        self.reads.append((start, stop))
+        return self.values[key].copy()
+
+
+def _checked(values: np.ndarray) -> tuple[CheckedRows, CountedRows]:
+    rows = CountedRows(values)
+    return CheckedRows(rows, digests(values, BLOCK), BLOCK, file="f", key="k"), rows
+
+
+def _values() -> np.ndarray:
+    return np.arange(100 * 3, dtype=np.float32).reshape(100, 3)
+
+
+@pytest.mark.parametrize("span", [slice(0, 100), slice(3, 61), slice(16, 32), slice(5, 7)])
+def test_a_slice_is_read_once_and_its_whole_blocks_checked_from_it(span: slice) -> None:
+    values = _values()
+    checked, rows = _checked(values)
+    got = checked[span]
+    assert np.array_equal(got, values[span])
+    first, last = span.start // BLOCK, -(-span.stop // BLOCK)
+    assert checked.checked[first:last].all() and checked.checked.sum() == last - first
+    # One read of the slice, and one more for each block its ends cut.
+    cut = {
+        b
+        for b in (first, last - 1)
+        if b * BLOCK < span.start or min((b + 1) * BLOCK, 100) > span.stop
+    }
+    assert rows.reads[0] == (span.start, span.stop) and len(rows.reads) == 1 + len(cut)
+    rows.reads.clear()
+    assert np.array_equal(checked[span], values[span])
+    assert rows.reads == [(span.start, span.stop)]  # checked blocks are not read again
+
+
+@pytest.mark.parametrize("span", [slice(0, 100), slice(20, 30), slice(23, 24)])
+def test_damage_in_a_slice_is_caught_before_its_rows_are_served(span: slice) -> None:
+    values = _values()
+    checked, _ = _checked(values.copy())
+    values[23, 1] += 1  # the stored rows now differ from what was hashed
+    checked.rows.values = values
+    with pytest.raises(DamagedError, match="rows 16-23 do not match"):
+        checked[span]
+    assert not checked.checked[2]
+
+
+def test_damage_elsewhere_does_not_fail_a_slice_that_misses_it() -> None:
+    values = _values()
+    checked, rows = _checked(values.copy())
+    rows.values[90, 0] = -1
+    assert np.array_equal(checked[0:80], values[0:80])
+    with pytest.raises(DamagedError, match="rows 88-95"):
+        checked[85:95]
+
+
+def test_take_gives_the_caller_its_own_rows_of_a_mapped_file(tmp_path: Any) -> None:
+    mapped = np.memmap(tmp_path / "m", dtype=np.float32, mode="w+", shape=(100, 3))
+    mapped[:] = _values()
+    checked = CheckedRows(mapped, digests(_values(), BLOCK), BLOCK, file="f", key="k")
+    for rows in (mapped, checked):
+        got = take(rows, slice(10, 20))
+        got[:] = -1
+        assert np.array_equal(mapped[10:20], _values()[10:20])
