@@ -195,6 +195,8 @@ def _rows_by_reader(path: Path, reader: str) -> list[dict[str, bytes]]:
         batches = _order(len(data))
         if reader == "dataset":
             return [_bits(data[torch.from_numpy(b)]) for b in batches]
+        if reader == "slices":  # consecutive rows, read a slice at a time
+            return [_bits(data[a : a + 96]) for a in range(0, len(data), 96)]
         loader = DataLoader(
             data,
             sampler=[b.tolist() for b in batches],
@@ -230,7 +232,8 @@ def run_faults(
     if pack:  # plain h5py reads the filtered datasets of a packed file as well
         readers = (*readers, "h5py")
     references = {
-        r: _rows_by_reader(out, r) for r in {"dataset", "storage", "loader"} & set(readers)
+        r: _rows_by_reader(out, r)
+        for r in {"dataset", "slices", "storage", "loader"} & set(readers)
     }
     references["h5py"] = _rows_by_reader(out, "h5py") if pack else []
     rng = random.Random(f"{kind}-{codec}-{pack}{seed}")
@@ -254,7 +257,7 @@ def run_faults(
 
 
 def _readers(loader: bool) -> tuple[str, ...]:
-    names = ["dataset"]
+    names = ["dataset", "slices"]
     if TORCHRL:
         names.append("storage")
     return (*names, "loader") if loader else tuple(names)
@@ -280,8 +283,9 @@ def test_damaged_outputs_give_the_original_rows_or_an_error(
     kind: str, hopper: TensorDictBase, tmp_path: Path
 ) -> None:
     """Three faults in each output of ``kind`` (plain and packed, ``exact`` and ``fp16``), every
-    row read through ``open_dataset``, the TorchRL storage and (first fault of each) a
-    DataLoader's two workers: each read gives the original rows or an ObsdeltaError."""
+    row read through ``open_dataset`` (random batches, and slices), the TorchRL storage and
+    (first fault of each) a DataLoader's two workers: each read gives the original rows or an
+    ObsdeltaError."""
     for codec, pack in OUTPUTS:
         tally = run_faults(kind, codec, pack, hopper, tmp_path, 3, _readers(True))
         _check(tally)
