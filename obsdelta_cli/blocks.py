@@ -36,7 +36,7 @@ import xxhash
 
 from .checksum import Hasher
 from .errors import DamagedError
-from .formats.base import Source, key_str
+from .formats.base import Key, Source, key_str
 from .formats.leaf import FlatRows, as_rows, is_data
 from .manifest import KeyRecord, Manifest
 from .rebuild import Exceptions, take
@@ -140,6 +140,75 @@ class BlockFeed:
         return "".join(self.out)
 
 
+class BlockCheck:
+    """A leaf's flat rows fed in order, each block checked against its digest as soon as it is
+    whole: a pass that reads a leaf from end to end (``inflate``) checks what it reads as the
+    training readers do, and stops at the first damaged block, naming its rows. Whole blocks
+    are hashed where they lie in what is fed; only a block cut between two feeds is copied.
+
+    >>> rows = np.arange(10, dtype=np.int64).reshape(5, 2)
+    >>> check = BlockCheck(len(rows), digests(rows, 2), 2, file="f", key="k")
+    >>> check.update(rows[:3]); check.update(rows[3:]); check.done()
+    True
+    >>> rows[4, 1] = -1
+    >>> try:
+    ...     BlockCheck(len(rows), check.digests, 2, file="f", key="k").update(rows)
+    ... except DamagedError as exc:
+    ...     print(exc.message)
+    rows 4-4 do not match their checksum; the file is damaged
+    """
+
+    def __init__(self, rows: int, digests: str, block: int, *, file: str | Path, key: str) -> None:
+        self.total, self.digests, self.block = rows, digests, block
+        self.file, self.key = file, key
+        self.blocks = -(-rows // block) if block else 0
+        self.fed = self.checked = 0
+        self.held: np.ndarray | None = None
+        if len(digests) != self.blocks * DIGEST:
+            raise damaged_rows(file, key, 0, rows - 1)
+
+    def update(self, rows: np.ndarray) -> None:
+        """The next rows, in order."""
+        at = 0
+        if self.held is not None:  # a block begun by the last feed
+            at = min(len(rows), self.block - len(self.held))
+            self.held = np.concatenate([self.held, rows[:at]])
+            if len(self.held) == self.block or self.fed + at == self.total:
+                self._check(self.held)
+                self.held = None
+        end = at + (len(rows) - at) // self.block * self.block
+        for start in range(at, end, self.block):
+            self._check(rows[start : start + self.block])
+        if end < len(rows):
+            rest = rows[end:]
+            if self.fed + len(rows) == self.total:  # the leaf's last, short block
+                self._check(rest)
+            else:
+                self.held = np.array(rest, copy=True)  # the caller may reuse its buffer
+        self.fed += len(rows)
+
+    def _check(self, values: np.ndarray) -> None:
+        b = self.checked
+        if _digest(values) != self.digests[b * DIGEST : (b + 1) * DIGEST]:
+            first = b * self.block
+            raise damaged_rows(self.file, self.key, first, min(self.total, first + self.block) - 1)
+        self.checked += 1
+
+    def done(self) -> bool:
+        """Whether every row was fed, and so every block checked."""
+        return self.fed == self.total and self.checked == self.blocks
+
+
+def damaged_rows(file: str | Path, key: str, first: int, last: int) -> DamagedError:
+    """The error of rows ``first``-``last`` of leaf ``key`` that do not match their checksum."""
+    return DamagedError(
+        f"rows {first}-{max(first, last)} do not match their checksum; the file is damaged",
+        file=file,
+        key=key,
+        hint="restore it or compress again",
+    )
+
+
 class CheckedRows:
     """Flat rows whose blocks are checked against their digests the first time they are read
     (a bitmap of checked blocks; reads of checked blocks cost one lookup). ``digests``: the
@@ -173,13 +242,7 @@ class CheckedRows:
 
     def _fail(self, first: int, last: int) -> None:
         high = min(self.shape[0], last * self.block) - 1
-        raise DamagedError(
-            f"rows {first * self.block}-{max(high, first * self.block)} do not match their "
-            "checksum; the file is damaged",
-            file=self.file,
-            key=self.key,
-            hint="restore it or compress again",
-        )
+        raise damaged_rows(self.file, self.key, first * self.block, high)
 
     def _check_block(self, b: int, values: np.ndarray | None = None) -> None:
         """Check block ``b``: its ``values`` where the caller read them, else read now."""
@@ -289,6 +352,17 @@ def checked_stream(source: Source, manifest: Manifest, stream: Stream) -> Checke
         checks[id(leaf)] = (leaf, checked)
     fields = {f.name: getattr(stream, f.name) for f in dataclasses.fields(Stream)}
     return CheckedStream(**fields, checks=checks)
+
+
+def block_check(source: Source, manifest: Manifest, key: Key) -> BlockCheck | None:
+    """The check of leaf ``key`` of ``source`` against its block digests, for a pass that reads
+    it from end to end; ``None`` where the manifest holds none (format 2)."""
+    name = key_str(key)
+    if name not in manifest.blocks:
+        return None
+    rows = as_rows(source.leaves[key], source.batch_dims)
+    block = block_rows(rows.shape, rows.dtype, manifest.hash_block_bytes)
+    return BlockCheck(rows.shape[0], manifest.blocks[name], block, file=source.path, key=name)
 
 
 def check_exceptions(

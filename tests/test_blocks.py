@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from obsdelta_cli.blocks import CheckedRows, digests
+from obsdelta_cli.blocks import BlockCheck, CheckedRows, digests
 from obsdelta_cli.errors import DamagedError
 from obsdelta_cli.rebuild import take
 
@@ -84,3 +84,58 @@ def test_take_gives_the_caller_its_own_rows_of_a_mapped_file(tmp_path: Any) -> N
         got = take(rows, slice(10, 20))
         got[:] = -1
         assert np.array_equal(mapped[10:20], _values()[10:20])
+
+
+@pytest.mark.parametrize("cuts", [[], [1], [7, 8, 9], [3, 50, 51, 99]])
+def test_a_block_check_fed_in_any_pieces_checks_every_block(cuts: list[int]) -> None:
+    values = _values()
+    check = BlockCheck(len(values), digests(values, BLOCK), BLOCK, file="f", key="k")
+    for piece in np.split(values, cuts):
+        check.update(piece)
+    assert check.done()
+
+
+@pytest.mark.parametrize("row", [0, 37, 99])
+def test_a_block_check_stops_at_the_damaged_block(row: int) -> None:
+    values = _values()
+    check = BlockCheck(len(values), digests(values, BLOCK), BLOCK, file="f", key="k")
+    damaged = values.copy()
+    damaged[row, 2] = -1
+    first = row // BLOCK * BLOCK
+    last = min(first + BLOCK, len(values)) - 1
+    fed = 0
+    with pytest.raises(DamagedError, match=f"rows {first}-{last} do not match"):
+        for piece in np.split(damaged, [10, 45, 90]):
+            check.update(piece)
+            fed += len(piece)
+    assert fed <= row  # raised by the piece that completed the damaged block
+
+
+@pytest.mark.parametrize(
+    ("codec", "target", "row_bytes"),
+    [
+        ("exact", "action.memmap", 12),
+        ("exact", "observation.memmap", 44),
+        ("fp16", "next/delta/observation.memmap", 22),
+    ],
+)
+def test_inflate_names_the_damaged_rows_and_writes_nothing(
+    tmp_path: Any, hopper: Any, codec: str, target: str, row_bytes: int
+) -> None:
+    """A flipped bit in a leaf inflate reads itself (copied, or read to rebuild the next
+    observations) stops it at that leaf's damaged block, which the error names."""
+    from obsdelta_cli import compress, inflate
+
+    hopper.memmap(tmp_path / "in")
+    compress(tmp_path / "in", tmp_path / "small", codec=codec)
+    leaf = tmp_path / "small" / target
+    data = bytearray(leaf.read_bytes())
+    at = len(data) // 2
+    data[at] ^= 0x10
+    leaf.write_bytes(bytes(data))
+    key = target.removesuffix(".memmap")
+    with pytest.raises(DamagedError, match=rf"key {key}: rows \d+-\d+ do not match") as caught:
+        inflate(tmp_path / "small", tmp_path / "back")
+    first, last = map(int, caught.value.message.split()[1].split("-"))
+    assert first <= at // row_bytes <= last
+    assert not (tmp_path / "back").exists()

@@ -398,10 +398,10 @@ def test_observations_are_copied_in_the_encoding_pass(
     copied: list[tuple[int, ...]] = []
     plain_copy = Stream.copy
 
-    def spy(self: Stream, src: object, dst: object, algorithm: str) -> str | None:
+    def spy(self: Stream, src: object, dst: object, algorithm: str, *check: Any) -> str | None:
         if dst is not None:
             copied.append(tuple(getattr(src, "shape", ())))
-        return plain_copy(self, src, dst, algorithm)
+        return plain_copy(self, src, dst, algorithm, *check)
 
     monkeypatch.setattr(Stream, "copy", spy)
     hopper.memmap(tmp_path / "in")

@@ -90,9 +90,9 @@ def test_verify_decodes_packed_observations_once(
     copied: list[tuple[int, ...]] = []
     real = Stream.copy
 
-    def copy(self: Stream, src: Any, dst: Any, algorithm: str) -> str | None:
+    def copy(self: Stream, src: Any, dst: Any, algorithm: str, *check: Any) -> str | None:
         copied.append(tuple(getattr(src, "shape", ())))
-        return real(self, src, dst, algorithm)
+        return real(self, src, dst, algorithm, *check)
 
     monkeypatch.setattr(Stream, "copy", copy)
     assert verify(small).ok

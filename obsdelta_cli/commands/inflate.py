@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..blocks import block_check
 from ..checksum import Hasher
 from ..errors import InputError
 from ..formats import Key, LeafSpec, Plan, Sink, disk_size, key_str
@@ -73,8 +74,11 @@ def inflate(
                 if key in rebuilt:
                     _rebuild_into(rebuilt[key], sink, manifest.hash_algorithm)
                 elif not sink.copied:
+                    # Each block is checked as it is read, as training reads check it: damage
+                    # stops the pass at once, naming its rows; the leaf's hash covers the rest.
+                    check = block_check(source, manifest, key)
                     found = stream.copy(
-                        source.leaves[key], sink.leaves[key], manifest.hash_algorithm
+                        source.leaves[key], sink.leaves[key], manifest.hash_algorithm, check
                     )
                     expect_leaf(manifest, key, found, input)
 
@@ -90,8 +94,15 @@ def inflate(
             copying = None
             if obs_key in sink.streamed:
                 copying = (stream.flat(sink.leaves[obs_key]), sink.streamed[obs_key])
+            checks = [block_check(source, manifest, s.pair.obs_key)]
+            checks.append(
+                block_check(source, manifest, s.pair.delta_key) if s.pair.delta_key else None
+            )
             slices = stream.chunks([rebuild.obs, dst], g.total, g.align)
             for sl, parts in ahead(slices, rebuild.parts):
+                for check, rows in zip(checks, (parts.obs, parts.stored), strict=True):
+                    if check is not None and rows is not None:
+                        check.update(rows)
                 dst[sl] = parts.rebuilt
                 if copying is not None:
                     copying[0][sl] = parts.obs
