@@ -39,7 +39,7 @@ from torch.utils.data import Dataset
 from .arrays import from_torch, is_tensor, to_torch
 from .blocks import check_exceptions, checked_stream
 from .errors import FileChangedError
-from .formats import Key, Source
+from .formats import FORMATS, Format, Key, Source
 from .formats.leaf import as_rows, is_data
 from .identity import Identity, changed, identity
 from .inputs import manifest_of, open_input, stream_for
@@ -55,21 +55,6 @@ Reader = Callable[[Index], np.ndarray]
 DEFAULT_CACHE_MB = 256
 #: Opens of a file replaced while it was being opened, before it is reported as changing.
 OPEN_TRIES = 3
-
-D4RL_NAMES: dict[Key, Key] = {
-    ("observations",): ("observation",),
-    ("next_observations",): ("next", "observation"),
-    ("actions",): ("action",),
-    ("rewards",): ("next", "reward"),
-    ("terminals",): ("next", "terminated"),
-    ("timeouts",): ("next", "truncated"),
-}
-ROBOMIMIC_NAMES: dict[str, Key] = {
-    "actions": ("action",),
-    "rewards": ("next", "reward"),
-    "dones": ("next", "done"),
-    "states": ("state",),
-}
 
 
 class _Segment:
@@ -138,10 +123,14 @@ class ObsdeltaDataset(Dataset):
         layout = manifest.source_container if manifest and manifest.source_container else None
         #: A TorchRL replay-buffer dump's preallocated rows (``len(self)`` of them are data).
         self.buffer_capacity: int | None = None
-        self._segments = self._build(source, stored, layout or fmt.name)
+        self._segments = self._build(source, stored, FORMATS.get(layout or fmt.name, type(fmt)))
         self._offsets = np.array([0, *[s.rows for s in self._segments]], dtype=np.int64).cumsum()
 
-    def _build(self, source: Source, stored: list[StoredPair], fmt: str) -> list[_Segment]:
+    def _build(
+        self, source: Source, stored: list[StoredPair], layout: type[Format]
+    ) -> list[_Segment]:
+        """The segments of rows the layout defines: one geometry (TED, D4RL), or one per
+        episode it keeps apart, leaves named as the layout says (TED names)."""
         rebuilt = {s.pair.next_key: s for s in stored}
         hidden = {s.pair.delta_key for s in stored}
         leaves = {
@@ -149,18 +138,16 @@ class ObsdeltaDataset(Dataset):
             for k, v in source.leaves.items()
             if is_data(v) and k not in hidden and k[0] != "obsdelta"
         }
-        if fmt == "minari-hdf5":
-            return _minari_segments(leaves)
-        if fmt == "robomimic-hdf5":
-            demos: dict[str, dict[Key, Any]] = {}
-            for key in [*leaves, *rebuilt]:
-                if key[0] == "data" and len(key) > 2:
-                    demos.setdefault(key[1], {})[key] = key
-            # robomimic's own order: demo_2 before demo_10.
-            ordered = sorted(demos.items(), key=lambda item: _demo_number(item[0]))
-            return [self._segment(keys, leaves, rebuilt, _robomimic_name) for _, keys in ordered]
-        rename = _d4rl_name if fmt == "d4rl-hdf5" else _same_name
-        return [self._segment({k: k for k in [*leaves, *rebuilt]}, leaves, rebuilt, rename)]
+        episodes = layout.episodes([*leaves, *rebuilt])
+        if layout.observations_once:  # episodes without observations hold no transitions
+            once = (_stored_once(keys, leaves, layout.ted_name) for keys in episodes or [])
+            return [segment for segment in once if segment is not None]
+        if episodes is None:
+            episodes = [[*leaves, *rebuilt]]
+        return [
+            self._segment(dict.fromkeys(keys), leaves, rebuilt, layout.ted_name)
+            for keys in episodes
+        ]
 
     def _segment(
         self,
@@ -357,39 +344,26 @@ def _tensordict(parts: dict[Key, np.ndarray], rows: int) -> TensorDictBase:
     return build(tree)
 
 
-MINARI_NAMES: dict[str, Key] = {
-    "actions": ("action",),
-    "rewards": ("next", "reward"),
-    "terminations": ("next", "terminated"),
-    "truncations": ("next", "truncated"),
-}
-
-
-def _minari_segments(leaves: dict[Key, Any]) -> list[_Segment]:
-    """Minari stores each episode's T+1 observations once: transition ``t`` of an episode has
+def _stored_once(
+    keys: list[Key], leaves: dict[Key, Any], rename: Callable[[Key], Key]
+) -> _Segment | None:
+    """An episode that stores its T+1 observations once (Minari): transition ``t`` has
     ``observations[t]`` and, as its next observation, ``observations[t + 1]``."""
-    episodes: dict[str, dict[Key, Any]] = {}
-    for key, leaf in leaves.items():
-        if key[0].startswith("episode_") and len(key) > 1:
-            episodes.setdefault(key[0], {})[key[1:]] = as_rows(leaf, 1)
-    segments = []
-    for _, ep in sorted(episodes.items(), key=lambda item: _demo_number(item[0])):
-        observations = {k: v for k, v in ep.items() if k[0] == "observations"}
-        if not observations:
-            continue
-        steps = min(v.shape[0] for v in observations.values()) - 1
-        readers: dict[Key, Reader] = {}
-        for key, rows in observations.items():
-            name = key[1:] or ("observation",)
-            readers[name] = _reader(rows)
-            readers[("next", *name)] = _shifted(rows)
-        for key, rows in ep.items():
-            if key[0] != "observations" and len(key) == 1 and rows.shape[0] == steps:
-                readers[MINARI_NAMES.get(key[0], key)] = _reader(rows)
-        if ("next", "terminated") in readers:
-            readers[("next", "done")] = _done(readers)
-        segments.append(_Segment(max(0, steps), readers))
-    return segments
+    rows = {key: as_rows(leaves[key], 1) for key in keys if key in leaves}
+    observations = {k: v for k, v in rows.items() if k[1] == "observations"}
+    if not observations:
+        return None
+    steps = min(v.shape[0] for v in observations.values()) - 1
+    readers: dict[Key, Reader] = {}
+    for key, flat in observations.items():
+        readers[rename(key)] = _reader(flat)
+        readers[("next", *rename(key))] = _shifted(flat)
+    for key, flat in rows.items():
+        if key[1] != "observations" and len(key) == 2 and flat.shape[0] == steps:
+            readers[rename(key)] = _reader(flat)
+    if ("next", "terminated") in readers:
+        readers[("next", "done")] = _done(readers)
+    return _Segment(max(0, steps), readers)
 
 
 def _shifted(rows: Any) -> Reader:
@@ -423,11 +397,6 @@ def _batch_shape(
     return max(set(shapes), key=shapes.count) if shapes else None
 
 
-def _demo_number(name: str) -> tuple[int, str]:
-    digits = name.rpartition("_")[2]
-    return (int(digits), name) if digits.isdigit() else (-1, name)
-
-
 def _is_obs_name(key: Key) -> bool:
     return key[-1] in ("observation", "observations") or "obs" in key
 
@@ -441,23 +410,6 @@ def _done(readers: dict[Key, Reader]) -> Reader:
         return flags | trunc(idx) if trunc is not None else flags
 
     return read
-
-
-def _same_name(key: Key) -> Key:
-    return key
-
-
-def _d4rl_name(key: Key) -> Key:
-    return D4RL_NAMES.get(key, key)
-
-
-def _robomimic_name(key: Key) -> Key:
-    rest = key[2:]
-    if rest[0] == "obs" and len(rest) > 1:
-        return rest[1:]
-    if rest[0] == "next_obs" and len(rest) > 1:
-        return ("next", *rest[1:])
-    return ROBOMIMIC_NAMES.get(rest[0], rest) if len(rest) == 1 else rest
 
 
 def collate(batch: TensorDictBase | list[TensorDictBase]) -> TensorDictBase:

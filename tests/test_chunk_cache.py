@@ -14,9 +14,10 @@ import torch
 from tensordict import TensorDictBase
 
 from obsdelta_cli import compress, open_dataset
-from obsdelta_cli.dataset import D4RL_NAMES, ObsdeltaDataset
+from obsdelta_cli.dataset import ObsdeltaDataset
 from obsdelta_cli.errors import DamagedError
 from obsdelta_cli.formats.chunk_cache import BandReads, ChunkCache
+from obsdelta_cli.formats.d4rl import TED_NAMES
 from obsdelta_cli.formats.hdf5_leaves import H5Leaf
 
 #: Rows per chunk: h5py's default chunks of a 1 M-row D4RL file span 1/64 of its rows and one
@@ -25,7 +26,7 @@ CHUNK_ROWS = 250
 BATCH = 256
 TORCHRL = importlib.util.find_spec("torchrl") is not None
 #: D4RL's dataset of each key an item of ``open_dataset`` has.
-D4RL_KEYS = {name[0]: key for name, key in D4RL_NAMES.items()}
+D4RL_KEYS = {name[0]: key for name, key in TED_NAMES.items()}
 
 
 def column_chunked_d4rl(td: TensorDictBase, path: Path) -> Path:

@@ -9,11 +9,12 @@ import h5py
 import hdf5plugin  # noqa: F401 - the packed file's filters
 import numpy as np
 import pytest
+import torch
 from tensordict import TensorDictBase
 
 from obsdelta_cli import compress
 from obsdelta_cli.codecs import CODECS, Codec
-from obsdelta_cli.formats import FORMATS, Pair, Source, detect
+from obsdelta_cli.formats import FORMATS, Key, Pair, Source, detect
 from obsdelta_cli.formats.hdf5 import OWN, HDF5Format
 
 from .conformance import (
@@ -77,6 +78,12 @@ class StateHDF5(HDF5Format):
     def pairs(self, source: Source) -> list[Pair]:
         return [Pair(("state",), ("next_state",), (OWN, "delta", "next_state"), "next_state")]
 
+    @classmethod
+    def ted_name(cls, key: Key) -> Key:
+        """Training reads give TorchRL's names."""
+        names = {"state": ("observation",), "next_state": ("next", "observation")}
+        return names.get(key[0], key) if len(key) == 1 else key
+
 
 @pytest.fixture
 def xor_codec(monkeypatch: pytest.MonkeyPatch) -> str:
@@ -120,6 +127,10 @@ def test_an_hdf5_layout_registered_by_test_code_passes_the_layout_checks(
 ) -> None:
     src = write_state(hopper[:900], tmp_path / "in.h5")
     assert detect(src).name == state_layout
+    # Training reads name its leaves as the layout says, compressed or not.
+    rows = everything(src)
+    for key in (("observation",), ("next", "observation"), ("action",)):
+        assert torch.equal(rows[key], hopper[:900][key]), key
     for codec in ("exact", "fp16"):
         work = tmp_path / codec
         work.mkdir()

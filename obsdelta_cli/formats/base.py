@@ -12,7 +12,7 @@ import json
 import math
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -231,6 +231,23 @@ class Format(ABC):
     pack: ClassVar[str | None] = None
     #: Whether ``compress --pack --flat`` takes it (HDF5 files of episodes).
     flattens: ClassVar[bool] = False
+    #: Whether each episode stores its T+1 observations once (Minari): training reads then
+    #: give transition ``t`` ``observations[t + 1]`` of its episode as its next observation.
+    observations_once: ClassVar[bool] = False
+
+    @classmethod
+    def ted_name(cls, key: Key) -> Key:
+        """The name training reads (``open_dataset``, ``ObsdeltaStorage``) give leaf ``key``:
+        TorchRL's TED names (``observation``, ``("next", "reward")``, ...) for layouts that
+        use others; inside an episode (see :meth:`episodes`), relative to it."""
+        return key
+
+    @classmethod
+    def episodes(cls, keys: Iterable[Key]) -> list[list[Key]] | None:
+        """``keys`` grouped by the episodes this layout keeps apart, each with rows of its own
+        (robomimic demos, Minari episodes), in the layout's own order; ``None``: one geometry
+        for the whole file (TED, D4RL)."""
+        return None
 
     @classmethod
     @abstractmethod
@@ -302,6 +319,12 @@ class Format(ABC):
 
     def discard(self, sink: Sink) -> None:  # noqa: B027 - most containers hold nothing open
         """Release what :meth:`create` holds after a failure (the output is deleted next)."""
+
+
+def episode_order(name: str) -> tuple[int, str]:
+    """Sort key of an episode group by its number: ``demo_2`` before ``demo_10``."""
+    digits = name.rpartition("_")[2]
+    return (int(digits), name) if digits.isdigit() else (-1, name)
 
 
 def close_leaves(leaves: Mapping[Key, Any]) -> None:

@@ -10,11 +10,20 @@ from __future__ import annotations
 
 import h5py
 
-from .base import Pair, Source
+from .base import Key, Pair, Source
 from .hdf5 import OWN, HDF5Format
 
 OBS = ("observations",)
 NEXT = ("next_observations",)
+#: D4RL's names, as training reads give them (TorchRL's TED names).
+TED_NAMES: dict[Key, Key] = {
+    OBS: ("observation",),
+    NEXT: ("next", "observation"),
+    ("actions",): ("action",),
+    ("rewards",): ("next", "reward"),
+    ("terminals",): ("next", "terminated"),
+    ("timeouts",): ("next", "truncated"),
+}
 
 
 class D4RL(HDF5Format):
@@ -27,3 +36,7 @@ class D4RL(HDF5Format):
 
     def pairs(self, source: Source) -> list[Pair]:
         return [Pair(OBS, NEXT, (OWN, "delta", *NEXT), "next_observations", ("observations",))]
+
+    @classmethod
+    def ted_name(cls, key: Key) -> Key:
+        return TED_NAMES.get(key, key)

@@ -8,10 +8,20 @@ stored at ``/obsdelta/delta/data/demo_N/next_obs/<name>``; everything else (``ac
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import h5py
 
-from .base import Pair, Source
+from .base import Key, Pair, Source, episode_order
 from .hdf5 import OWN, HDF5Format, h5_groups
+
+#: robomimic's names inside a demo, as training reads give them (TorchRL's TED names).
+TED_NAMES: dict[str, Key] = {
+    "actions": ("action",),
+    "rewards": ("next", "reward"),
+    "dones": ("next", "done"),
+    "states": ("state",),
+}
 
 
 class Robomimic(HDF5Format):
@@ -44,3 +54,20 @@ class Robomimic(HDF5Format):
                     )
                 )
         return out
+
+    @classmethod
+    def ted_name(cls, key: Key) -> Key:
+        rest = key[2:]  # inside data/demo_N
+        if rest[0] == "obs" and len(rest) > 1:
+            return rest[1:]
+        if rest[0] == "next_obs" and len(rest) > 1:
+            return ("next", *rest[1:])
+        return TED_NAMES.get(rest[0], rest) if len(rest) == 1 else rest
+
+    @classmethod
+    def episodes(cls, keys: Iterable[Key]) -> list[list[Key]]:
+        demos: dict[str, list[Key]] = {}
+        for key in keys:
+            if key[0] == "data" and len(key) > 2:
+                demos.setdefault(key[1], []).append(key)
+        return [demos[name] for name in sorted(demos, key=episode_order)]
