@@ -156,7 +156,7 @@ class Rebuild:
         self.delta = delta
         self.geometry = geometry
         self.exceptions = exceptions
-        self._memo: tuple[Index, np.ndarray] | None = None
+        self._memo: tuple[np.ndarray, np.ndarray] | None = None
         self._bitmap: np.ndarray | bool | None = None
 
     def rows(self, sl: slice) -> np.ndarray:
@@ -198,7 +198,11 @@ class Rebuild:
     def observations(self, idx: Index) -> np.ndarray:
         """Rows ``idx`` of the observations. The gather is kept for a second call with the same
         index array: a dataset reads the observations and the next ones of one batch, and
-        gathers the rows once. Callers must not change the result in place."""
+        gathers the rows once. Callers must not change the result in place. A slice of rows
+        is not kept: it may be the whole file, and the next observations of a slice are rebuilt
+        from a read of their own (:meth:`rows`)."""
+        if isinstance(idx, slice):
+            return take(self.obs, idx)
         memo = self._memo
         if memo is not None and memo[0] is idx:
             return memo[1]

@@ -372,14 +372,16 @@ def _flip_observation_byte(path: Path) -> None:
 def test_damaged_observations_fail_the_inflate_that_copies_them(
     tmp_path: Path, cli: Any, codec: str
 ) -> None:
-    """Observations copied by the rebuild pass are checked against their recorded hash as they
-    pass: a flipped byte is one error line naming them, and nothing is left behind."""
+    """Observations copied by the rebuild pass are checked block by block as they pass: a
+    flipped byte is one error line naming them and their damaged rows, and nothing is left
+    behind."""
     src = _d4rl_with_odd_objects(tmp_path / "in.hdf5")
     small = tmp_path / "small.h5"
     compress(src, small, codec=codec)
     _flip_observation_byte(small)
     out = tmp_path / "back.hdf5"
-    expect_error(cli, "inflate", small, "-o", out, says=["observations", "copied data"])
+    says = ["key observations: rows", "do not match their checksum"]
+    expect_error(cli, "inflate", small, "-o", out, says=says)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.hdf5", "small.h5"]
 
 
