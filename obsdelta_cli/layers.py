@@ -33,6 +33,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         (
             "formats",
             "formats.packed",
+            "formats.pack_leaves",
             "formats.packing",
             "formats.pack_io",
             "formats.pack_writer",
@@ -99,16 +100,6 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "errors, result records, option names, the version, this table",
         ("", "errors", "names", "report", "layers"),
     ),
-)
-
-#: Imports allowed to close a circle, as (importer, imported): the packed file's reader
-#: (:class:`~obsdelta_cli.formats.packed.Packed`) reads a flat pack and a ``.pt`` inner through
-#: the modules that write them, which build on the reader's leaves and names. Splitting the
-#: reader from those leaves ends it. Each entry must still be an import, so that it goes when
-#: the import does.
-ALLOWED_CIRCLES: tuple[tuple[str, str], ...] = (
-    ("formats.packed", "formats.pack_flat"),
-    ("formats.packed", "formats.pack_pt"),
 )
 
 #: Layer names, top first.

@@ -24,7 +24,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from obsdelta_cli import compress, inflate
 from obsdelta_cli.errors import InputError
-from obsdelta_cli.formats.packed import is_packed
+from obsdelta_cli.formats.pack_leaves import is_packed
 from obsdelta_cli.formats.ted_pt import load
 
 from .conftest import SAMPLE, Cli, tree_hash

@@ -24,7 +24,7 @@ from obsdelta_cli.errors import DataError, ObsdeltaError
 from obsdelta_cli.filters import MIN_PACK_BYTES
 from obsdelta_cli.formats import detect
 from obsdelta_cli.formats.leaf import FileLeaf
-from obsdelta_cli.formats.packed import NAME, TRANSFORM_ATTR
+from obsdelta_cli.formats.pack_leaves import NAME, TRANSFORM_ATTR
 from obsdelta_cli.inputs import open_input
 from obsdelta_cli.manifest import FORMAT_VERSION
 from obsdelta_cli.render import _size

@@ -24,7 +24,7 @@ from obsdelta_cli.errors import DataError, InputError, ObsdeltaError
 from obsdelta_cli.formats import detect
 from obsdelta_cli.formats.hdf5_meta import read_meta
 from obsdelta_cli.formats.pack_flat import FLAT, SKELETON, family_of
-from obsdelta_cli.formats.packed import NAME
+from obsdelta_cli.formats.pack_leaves import NAME
 
 from .conftest import SAMPLE, Cli
 from .manifests import manifest_of, rewrite_manifest

@@ -8,7 +8,7 @@ from ..blocks import block_check
 from ..checksum import Hasher
 from ..errors import InputError
 from ..formats import Key, LeafSpec, Plan, Sink, disk_size, key_str
-from ..formats.packed import is_packed
+from ..formats.pack_leaves import is_packed
 from ..inputs import manifest_of, open_input, stream_for
 from ..rebuild import StoredPair, stored_pairs
 from ..report import DatasetResult

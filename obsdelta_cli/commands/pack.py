@@ -31,8 +31,8 @@ from ..formats.hdf5 import HDF5Format
 from ..formats.hdf5_walk import h5_file
 from ..formats.pack_flat import largest_family
 from ..formats.pack_io import packed_output
+from ..formats.pack_leaves import NAME
 from ..formats.pack_writer import Chooser, Early
-from ..formats.packed import NAME
 from ..formats.packing import pack, pack_into, unpack
 from ..inputs import manifest_of, open_input
 from ..names import PACKED_SUFFIX

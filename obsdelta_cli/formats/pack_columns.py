@@ -10,7 +10,7 @@ all in the same file (source file ``"."``). Plain h5py reads it like any dataset
 
 The manifest's ``pack`` entry of such a dataset lists its blocks (``columns``: ``[start, stop,
 source, source_start]``, the source a dataset path); obsdelta's own reader
-(:class:`obsdelta_cli.formats.packed.ColumnsLeaf`) rebuilds the values from those sources as
+(:class:`obsdelta_cli.formats.pack_leaves.ColumnsLeaf`) rebuilds the values from those sources as
 recorded and never follows the file's mappings, and opening a packed file refuses a virtual
 dataset whose mappings are not exactly the recorded ones (:func:`expected_maps`).
 """

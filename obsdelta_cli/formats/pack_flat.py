@@ -49,8 +49,8 @@ from .hdf5_walk import OWN, h5_file, object_at, objects_of
 from .leaf import LazyLeaf
 from .pack_columns import plan_columns, write_virtual
 from .pack_io import _absent_chunks, _repacked, _write_kept, copy_structure
+from .pack_leaves import PACK, byte_blocks, repacked_leaf
 from .pack_writer import Chooser, DatasetWriter, write_bytes
-from .packed import PACK, byte_blocks, repacked_leaf
 
 #: The families' datasets.
 FLAT = f"{PACK}/flat"

@@ -40,6 +40,11 @@ from .hdf5_safety import damaged_pack, scale_offset
 from .hdf5_walk import LAYOUT_TWINS, OWN, objects_of
 from .leaf import FileLeaf
 from .pack_columns import Shared, kept_path, plan_columns, write_virtual
+from .pack_leaves import (
+    FILES,
+    NAME,
+    pack_info,
+)
 from .pack_writer import (
     Chooser,
     DatasetWriter,
@@ -47,11 +52,6 @@ from .pack_writer import (
     other_entry,
     pack_leaf,
     write_bytes,
-)
-from .packed import (
-    FILES,
-    NAME,
-    pack_info,
 )
 
 #: Library versions of a packed file: v1.10 object headers and chunk indexes (fixed arrays:

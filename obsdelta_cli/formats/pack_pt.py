@@ -30,8 +30,8 @@ from .hdf5_leaves import read_rows
 from .hdf5_safety import PACK_DAMAGED, damaged_pack
 from .hdf5_walk import OWN
 from .leaf import LazyLeaf
+from .pack_leaves import FILES, PACK, file_bytes
 from .pack_writer import BLOCK_BYTES, Chooser, dataset_key, other_entry, pack_leaf, write_bytes
-from .packed import FILES, PACK, file_bytes
 from .ted_pt import array_bytes, original_hashes
 from .zip_skeleton import Hole, Layout, find, write
 

@@ -27,14 +27,14 @@ from .hdf5_objects import hash_objects_apart
 from .hdf5_safety import damaged_pack, output_libver, reading_pack
 from .hdf5_walk import LAYOUT_TWINS, OWN
 from .pack_io import group_like, h5_output
-from .pack_writer import BLOCK_BYTES, stored_rows
-from .packed import (
+from .pack_leaves import (
     COMMAND_CACHE_BYTES,
     PACK,
     TRANSFORM_ATTR,
     file_bytes,
     repacked_leaf,
 )
+from .pack_writer import BLOCK_BYTES, stored_rows
 
 
 def _safe_rel(rel: Any, file: Path) -> Path:

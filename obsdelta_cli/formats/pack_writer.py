@@ -32,7 +32,7 @@ from .base import Key, key_str
 from .hdf5_leaves import BF16_ATTR, h5_dtype
 from .hdf5_walk import OWN
 from .leaf import LazyLeaf
-from .packed import (
+from .pack_leaves import (
     TRANSFORM_ATTR,
 )
 

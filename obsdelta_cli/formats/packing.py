@@ -23,10 +23,10 @@ from .pack_io import (
     packed_manifest,
     packed_output,
 )
+from .pack_leaves import pack_info
 from .pack_pt import pack_pt, unpack_pt
 from .pack_unpack import unpack_folder, unpack_hdf5
 from .pack_writer import Chooser
-from .packed import pack_info
 
 
 def pack(
