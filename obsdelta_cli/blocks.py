@@ -26,15 +26,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import xxhash
 
-from .checksum import Hasher
+from .checksum import (
+    DIGEST,
+    BlockCheck,
+    Hasher,
+    block_rows,
+    damaged_rows,
+    digest_at,
+    digest_of,
+)
 from .errors import DamagedError
 from .formats.base import Key, Source, key_str
 from .formats.leaf import FlatRows, as_rows, is_data
@@ -42,24 +49,8 @@ from .manifest import KeyRecord, Manifest
 from .rebuild import Exceptions, take
 from .stream import Stream, ahead
 
-#: Bytes of values a block holds at most (one row at least).
-BLOCK_BYTES = 1 << 20
 #: Bytes read at a time while a leaf is hashed at compress time (whole blocks).
 READ_BYTES = 8 << 20
-#: Hex digits of one block's digest.
-DIGEST = 16
-
-
-def block_rows(shape: Sequence[int], dtype: np.dtype, block_bytes: int = BLOCK_BYTES) -> int:
-    """Rows of a block of flat rows ``shape`` (``[rows, *features]``) of ``dtype``: the largest
-    power of two whose values fit in ``block_bytes``, at least 1."""
-    row = max(1, math.prod(shape[1:]) * np.dtype(dtype).itemsize)
-    return 1 << max(0, (block_bytes // row).bit_length() - 1)
-
-
-def _digest(values: np.ndarray) -> str:
-    raw = np.ascontiguousarray(values).reshape(-1).view(np.uint8)
-    return xxhash.xxh3_64_hexdigest(raw.data)
 
 
 def digests(rows: Any, block: int) -> str:
@@ -70,7 +61,7 @@ def digests(rows: Any, block: int) -> str:
     spans = [slice(a, min(total, a + step)) for a in range(0, total, step)]
     out: list[str] = []
     for _, chunk in ahead(spans, rows.__getitem__):
-        out.extend(_digest(chunk[at : at + block]) for at in range(0, len(chunk), block))
+        out.extend(digest_of(chunk[at : at + block]) for at in range(0, len(chunk), block))
     return "".join(out)
 
 
@@ -91,122 +82,6 @@ def leaf_digests(
         rows = as_rows(leaf, batch_dims)
         out[name] = digests(rows, block_rows(rows.shape, rows.dtype, block_bytes))
     return out
-
-
-class BlockFeed:
-    """The block digests of a leaf's flat rows fed in order, as :func:`digests` gives them,
-    so that a pass reading the rows anyway needs no second read for them.
-
-    >>> rows = np.arange(10, dtype=np.int64).reshape(5, 2)
-    >>> feed = BlockFeed(rows.shape, rows.dtype, 32)
-    >>> feed.update(rows[:3]); feed.update(rows[3:])
-    >>> feed.result() == digests(rows, 2)
-    True
-    """
-
-    def __init__(self, shape: Sequence[int], dtype: np.dtype, block_bytes: int) -> None:
-        self.total, self.dtype = int(shape[0]), np.dtype(dtype)
-        self.block = block_rows(shape, dtype, block_bytes)
-        self.held: list[np.ndarray] = []
-        self.count = 0
-        self.fed = 0
-        self.out: list[str] = []
-
-    def update(self, rows: np.ndarray) -> None:
-        """The next rows, in order."""
-        if self.fed < 0 or rows.dtype != self.dtype:
-            self.fed = -1  # read as another dtype than readers get: not these bytes
-            return
-        self.fed += len(rows)
-        # A copy: the pass reuses its buffers once the next chunk is read.
-        self.held.append(np.array(rows, copy=True))
-        self.count += len(rows)
-        if self.count >= self.block:
-            whole = np.concatenate(self.held) if len(self.held) > 1 else self.held[0]
-            cut = len(whole) - len(whole) % self.block
-            self.out.extend(
-                _digest(whole[at : at + self.block]) for at in range(0, cut, self.block)
-            )
-            rest = whole[cut:]
-            self.held, self.count = ([rest] if len(rest) else []), len(rest)
-
-    def result(self) -> str | None:
-        """The digests, if every row was fed (else ``None``: read them from the leaf)."""
-        if self.fed != self.total:
-            return None
-        if self.held:
-            self.out.append(_digest(np.concatenate(self.held)))
-            self.held, self.count = [], 0
-        return "".join(self.out)
-
-
-class BlockCheck:
-    """A leaf's flat rows fed in order, each block checked against its digest as soon as it is
-    whole: a pass that reads a leaf from end to end (``inflate``) checks what it reads as the
-    training readers do, and stops at the first damaged block, naming its rows. Whole blocks
-    are hashed where they lie in what is fed; only a block cut between two feeds is copied.
-
-    >>> rows = np.arange(10, dtype=np.int64).reshape(5, 2)
-    >>> check = BlockCheck(len(rows), digests(rows, 2), 2, file="f", key="k")
-    >>> check.update(rows[:3]); check.update(rows[3:]); check.done()
-    True
-    >>> rows[4, 1] = -1
-    >>> try:
-    ...     BlockCheck(len(rows), check.digests, 2, file="f", key="k").update(rows)
-    ... except DamagedError as exc:
-    ...     print(exc.message)
-    rows 4-4 do not match their checksum; the file is damaged
-    """
-
-    def __init__(self, rows: int, digests: str, block: int, *, file: str | Path, key: str) -> None:
-        self.total, self.digests, self.block = rows, digests, block
-        self.file, self.key = file, key
-        self.blocks = -(-rows // block) if block else 0
-        self.fed = self.checked = 0
-        self.held: np.ndarray | None = None
-        if len(digests) != self.blocks * DIGEST:
-            raise damaged_rows(file, key, 0, rows - 1)
-
-    def update(self, rows: np.ndarray) -> None:
-        """The next rows, in order."""
-        at = 0
-        if self.held is not None:  # a block begun by the last feed
-            at = min(len(rows), self.block - len(self.held))
-            self.held = np.concatenate([self.held, rows[:at]])
-            if len(self.held) == self.block or self.fed + at == self.total:
-                self._check(self.held)
-                self.held = None
-        end = at + (len(rows) - at) // self.block * self.block
-        for start in range(at, end, self.block):
-            self._check(rows[start : start + self.block])
-        if end < len(rows):
-            rest = rows[end:]
-            if self.fed + len(rows) == self.total:  # the leaf's last, short block
-                self._check(rest)
-            else:
-                self.held = np.array(rest, copy=True)  # the caller may reuse its buffer
-        self.fed += len(rows)
-
-    def _check(self, values: np.ndarray) -> None:
-        b = self.checked
-        if _digest(values) != self.digests[b * DIGEST : (b + 1) * DIGEST]:
-            first = b * self.block
-            raise damaged_rows(self.file, self.key, first, min(self.total, first + self.block) - 1)
-        self.checked += 1
-
-    def done(self) -> bool:
-        """Whether every row was fed, and so every block checked."""
-        return self.fed == self.total and self.checked == self.blocks
-
-
-def damaged_rows(file: str | Path, key: str, first: int, last: int) -> DamagedError:
-    """The error of rows ``first``-``last`` of leaf ``key`` that do not match their checksum."""
-    return DamagedError(
-        f"rows {first}-{max(first, last)} do not match their checksum; the file is damaged",
-        file=file,
-        key=key,
-        hint="restore it or compress again",
-    )
 
 
 class CheckedRows:
@@ -251,10 +126,9 @@ class CheckedRows:
         if self.algorithm is not None:  # one hash of the whole leaf
             hasher = Hasher(self.algorithm)
             hasher.update(np.ascontiguousarray(values))
-            found, expected = hasher.hex, self._digests
-        else:
-            found, expected = _digest(values), self._digests[b * DIGEST : (b + 1) * DIGEST]
-        if found != expected:
+            if hasher.hex != self._digests:
+                self._fail(b, b + 1)
+        elif digest_of(values) != digest_at(self._digests, b):
             self._fail(b, b + 1)
         self.checked[b] = True
         self._all = bool(self.checked.all())

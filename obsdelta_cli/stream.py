@@ -278,11 +278,11 @@ class Stream:
         block = block_rows(leaves, align)
         return slices(stop, block, self.chunk_bytes, max(_row_bytes(x) for x in leaves))
 
-    def copy(self, src: Any, dst: Any, algorithm: str, check: Any | None = None) -> str | None:
+    def copy(self, src: Any, dst: Any, algorithm: str, blocks: Any | None = None) -> str | None:
         """Copy a leaf chunk by chunk (``dst=None``: only read it); return the hash of its bytes.
-        Non-array leaves are carried by the container and give ``None``. ``check`` (a
-        :class:`~obsdelta_cli.blocks.BlockCheck`) is fed every chunk read, before it is
-        written."""
+        Non-array leaves are carried by the container and give ``None``. ``blocks`` is fed
+        every chunk read, before it is written: a :class:`~obsdelta_cli.blocks.BlockCheck`
+        checks it, a :class:`~obsdelta_cli.blocks.BlockFeed` takes its block digests."""
         if not is_data(src):
             return None
         hasher = Hasher(algorithm)
@@ -296,8 +296,8 @@ class Stream:
         with Behind() as later:
             for sl, chunk in ahead(self.chunks(leaves, src.shape[0], align), src.__getitem__):
                 hasher.update(chunk)
-                if check is not None:
-                    check.update(chunk)
+                if blocks is not None:
+                    blocks.update(chunk)
                 if dst is not None:
                     later(dst.__setitem__, sl, chunk)
         return hasher.hex

@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from obsdelta_cli.blocks import BlockCheck, CheckedRows, digests
+from obsdelta_cli.blocks import CheckedRows, digests
+from obsdelta_cli.checksum import BlockCheck, BlockFeed
 from obsdelta_cli.errors import DamagedError
 from obsdelta_cli.rebuild import take
 
@@ -93,6 +94,30 @@ def test_a_block_check_fed_in_any_pieces_checks_every_block(cuts: list[int]) -> 
     for piece in np.split(values, cuts):
         check.update(piece)
     assert check.done()
+
+
+@pytest.mark.parametrize("cuts", [[], [1], [7, 8, 9], [3, 50, 51, 99]])
+def test_a_block_feed_gives_the_digests_of_a_whole_read_from_reused_buffers(
+    cuts: list[int],
+) -> None:
+    values = _values()
+    feed = BlockFeed(values.shape, values.dtype, BLOCK * values[0].nbytes)
+    buffer = np.empty_like(values)
+    for piece in np.split(values, cuts):
+        reused = buffer[: len(piece)]  # as a pass refills one buffer chunk after chunk
+        reused[:] = piece
+        feed.update(reused)
+        reused[:] = -7
+    assert feed.result() == digests(values, BLOCK)
+
+
+def test_a_block_feed_fed_other_rows_gives_no_digests() -> None:
+    values = _values()
+    short = BlockFeed(values.shape, values.dtype, BLOCK * values[0].nbytes)
+    short.update(values[:50])
+    other = BlockFeed(values.shape, values.dtype, BLOCK * values[0].nbytes)
+    other.update(values.astype(np.float64))
+    assert short.result() is None and other.result() is None
 
 
 @pytest.mark.parametrize("row", [0, 37, 99])

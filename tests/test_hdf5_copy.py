@@ -16,11 +16,14 @@ import numpy as np
 import pytest
 
 from obsdelta_cli import compress, inflate, verify
+from obsdelta_cli.blocks import digests
+from obsdelta_cli.checksum import block_rows
 from obsdelta_cli.codecs import CODECS
 from obsdelta_cli.errors import DataError
-from obsdelta_cli.formats import hdf5, hdf5_copy
+from obsdelta_cli.formats import detect, hdf5, hdf5_copy
 from obsdelta_cli.formats.hdf5_copy import RawCopies, SpanLeaf, raw_copyable
 from obsdelta_cli.formats.hdf5_objects import hash_objects
+from obsdelta_cli.inputs import manifest_of
 
 from .conftest import SAMPLE
 from .test_cli_errors import expect_error
@@ -153,6 +156,39 @@ def test_a_raw_copy_is_the_object_hdf5_would_copy(
     with h5py.File(src, "r") as f, h5py.File(back, "r") as g:
         for name in copied | {"next_observations"}:
             assert g[name][()].tobytes() == f[name][()].tobytes(), name
+
+
+def test_raw_copies_record_the_block_digests_readers_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The block digests of raw-copied datasets are taken as their copies are hashed, not
+    read again: they equal those of the leaves as a reader reads them (big-endian values,
+    which obsdelta does not read, and flags excepted)."""
+    src = _d4rl_with_odd_objects(tmp_path / "in.hdf5")
+    fed: dict[str, str] = {}
+    original_wait = RawCopies.wait
+
+    def spy(self: RawCopies) -> None:
+        original_wait(self)
+        fed.update(self.blocks)
+
+    monkeypatch.setattr(RawCopies, "wait", spy)
+    out = tmp_path / "out.h5"
+    compress(src, out, codec="exact")
+    assert sorted(fed) == ["infos/qpos", "infos/qvel", "rewards"]  # observations: encoded
+    fmt = detect(out)
+    source = fmt.open(out)
+    try:
+        manifest = manifest_of(source)
+    finally:
+        fmt.close(source)
+    assert set(fed) < set(manifest.blocks)
+    with h5py.File(out, "r") as f:
+        for name in manifest.blocks:
+            rows = f[name][()]
+            block = block_rows(rows.shape, rows.dtype, manifest.hash_block_bytes)
+            assert manifest.blocks[name] == digests(rows, block), name
+    verify(out)
 
 
 def test_without_kernel_copies_the_bytes_are_read_and_written(

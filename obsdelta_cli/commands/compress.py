@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from ..blocks import BLOCK_BYTES, BlockFeed, leaf_digests
-from ..checksum import Hasher
+from ..blocks import leaf_digests
+from ..checksum import BLOCK_BYTES, BlockFeed, Hasher
 from ..codecs import AUTO, DEFAULT_CODEC, Codec, make_codec
 from ..errors import DataError, InputError, UsageError
 from ..formats import Format, Key, LeafSpec, Pair, Plan, Sink, Source, detect, disk_size, key_str
@@ -349,21 +349,23 @@ def _writer(
         copies = [] if sink.copied else [k for k in order if k not in new and k not in fused]
         copied: dict[str, str] = {}
 
+        # Block checksums of the observations and of the leaves this pass copies, taken as
+        # the pass reads them (one batch dimension: the pass's rows are then the readers'
+        # rows), not in a second read.
+        feeds: dict[Key, BlockFeed] = {}
+        if source.batch_dims == 1:
+            taken = [p.obs_key for key, _c, _cands in plans for p in key.pairs] + copies
+            for k in taken:
+                leaf = source.leaves[k]
+                if k not in new and is_data(leaf):
+                    feeds[k] = BlockFeed(leaf.shape, leaf.dtype, BLOCK_BYTES)
+
         def copy_leaf(k: Key) -> None:
-            digest = stream.copy(source.leaves[k], sink.leaves[k], HASH_ALGORITHM)
+            digest = stream.copy(source.leaves[k], sink.leaves[k], HASH_ALGORITHM, feeds.get(k))
             if digest is not None:
                 copied[key_str(k)] = digest
 
         records: list[KeyRecord] = []
-        # Block checksums of the observations, taken as the pass reads them (one batch
-        # dimension: the pass's rows are then the readers' rows), not in a second read.
-        feeds: dict[Key, BlockFeed] = {}
-        if source.batch_dims == 1:
-            for key, _c, _cands in plans:
-                for p in key.pairs:
-                    leaf = source.leaves[p.obs_key]
-                    if p.obs_key not in new and is_data(leaf):
-                        feeds[p.obs_key] = BlockFeed(leaf.shape, leaf.dtype, BLOCK_BYTES)
 
         def encode_key(key: KeyGroup, c: Codec | None, cands: list[Candidate] | None) -> None:
             if c is None:
@@ -427,6 +429,8 @@ def _writer(
         # output just written (in memory still), not from the input a second time, but for
         # the observations, whose blocks the pass took as it read them.
         fed = {key_str(k): r for k, f in feeds.items() if (r := f.result()) is not None}
+        if source.batch_dims == 1:
+            fed = {**sink.blocks, **fed}
         stored = {}
         for k in order:
             leaf = fmt.written_leaf(sink, k) if key_str(k) not in fed else None

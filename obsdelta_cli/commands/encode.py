@@ -11,8 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..blocks import BlockFeed
-from ..checksum import Hasher
+from ..checksum import BlockFeed, Hasher
 from ..codecs import Codec
 from ..formats import ArrayStore, Pair, Sink, Source
 from ..manifest import HASH_NAMES

@@ -183,6 +183,9 @@ class Sink:
     path: Path | None = None
     #: What the adapter notes for ``finish`` (not stored).
     memo: dict[str, Any] = field(default_factory=dict)
+    #: Block digests (:mod:`obsdelta_cli.blocks`) of leaves the adapter copied itself, taken
+    #: as it hashed them, by path; filled by ``object_hashes``.
+    blocks: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -270,7 +270,11 @@ class HDF5Format(Format):
         hashing = hash_objects_apart  # a file read: damage may crash HDF5 (see there)
         if id(f) in _OUTPUT_FDS:  # an output being written: its raw chunks must be on disk
             try:
-                known |= _copied(f)
+                copies = _copied(f)
+                if copies is not None:
+                    known |= copies.digests
+                    if isinstance(opened, Sink):
+                        opened.blocks.update(copies.blocks)
                 f.flush()
             except (OSError, RuntimeError) as exc:
                 raise write_error(file, exc) from None
@@ -418,14 +422,13 @@ _OUTPUT_FDS: dict[int, int] = {}
 _COPIES: dict[int, RawCopies] = {}
 
 
-def _copied(out: h5py.File) -> dict[str, str]:
-    """Wait for the raw copies into ``out`` (before it is hashed or closed); the hashes of the
-    datasets they wrote."""
+def _copied(out: h5py.File) -> RawCopies | None:
+    """Wait for the raw copies into ``out`` (before it is hashed or closed); they hold the
+    hashes of the datasets they wrote."""
     copies = _COPIES.pop(id(out), None)
-    if copies is None:
-        return {}
-    copies.wait()
-    return copies.digests
+    if copies is not None:
+        copies.wait()
+    return copies
 
 
 def new_output(path: Path, libver: Any) -> h5py.File:

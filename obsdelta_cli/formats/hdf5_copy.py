@@ -21,8 +21,9 @@ from typing import Any
 import h5py
 import numpy as np
 
+from ..checksum import BLOCK_BYTES, BlockFeed
 from .direct import ALIGN, WINDOW, ColdReads, mapped_buffer
-from .hdf5_leaves import contiguous_span, copy_attrs
+from .hdf5_leaves import BF16_ATTR, contiguous_span, copy_attrs
 from .hdf5_objects import hash_span, header_hash
 from .hdf5_types import space_anew, type_anew
 from .leaf import LazyLeaf, read_exact, write_exact
@@ -279,6 +280,28 @@ def in_place(
     ]
 
 
+def _feed(ds: h5py.Dataset) -> BlockFeed | None:
+    """A feed for the block digests of ``ds``, if its stored bytes are the rows readers get
+    (numbers in this machine's byte order)."""
+    dtype = ds.dtype
+    if not ds.ndim or dtype.kind not in "iufc" or not dtype.isnative or ds.attrs.get(BF16_ATTR):
+        return None
+    return BlockFeed(ds.shape, dtype, BLOCK_BYTES)
+
+
+def _hash_rows(job: Job, fd: int) -> None:
+    """Hash a copied dataset's bytes as the output holds them, whole rows at a time, to its
+    object hash and its block feed."""
+    assert job.feed is not None
+    dtype, shape = job.feed.dtype, job.feed.shape
+    row = max(1, math.prod(shape[1:]) * dtype.itemsize)
+    step = max(1, (1 << 22) // row) * row
+    for at in range(0, job.nbytes, step):
+        piece = read_exact(fd, job.dst + at, min(step, job.nbytes - at), job.path)
+        job.head.update(piece.data)
+        job.feed.update(piece.view(dtype).reshape(-1, *shape[1:]))
+
+
 def _placeable(ds: h5py.Dataset) -> bool:
     dcpl = ds.id.get_create_plist()
     return dcpl.get_layout() == h5py.h5d.CONTIGUOUS and streamable(ds) and bool(ds.size)
@@ -293,6 +316,8 @@ class Job:
     src: int
     dst: int
     nbytes: int
+    #: Takes its block digests as it is hashed, where its bytes are the rows readers get.
+    feed: BlockFeed | None = None
 
 
 class RawCopies:
@@ -314,6 +339,8 @@ class RawCopies:
         self.spans: list[tuple[int, h5py.Dataset, int, np.dtype | None]] = []
         #: Each copied dataset's hash as stored (see ``hash_objects``), by path, once copied.
         self.digests: dict[str, str] = {}
+        #: And its block digests (:mod:`obsdelta_cli.blocks`), where it has rows of numbers.
+        self.blocks: dict[str, str] = {}
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.stop = threading.Event()
@@ -370,7 +397,7 @@ class RawCopies:
                 leaf = SpanLeaf(self.out_fd, int(dst_offset), new.shape, streamed)
                 streams[path] = (leaf, head)
             else:
-                jobs.append(Job(path, head, src_offset, int(dst_offset), nbytes))
+                jobs.append(Job(path, head, src_offset, int(dst_offset), nbytes, _feed(new)))
         if not jobs:
             return streams
         self.thread = threading.Thread(
@@ -396,7 +423,12 @@ class RawCopies:
                 for job in jobs:
                     if self.stop.is_set():
                         return
-                    hash_span(job.head, fd, job.dst, job.nbytes)
+                    if job.feed is None:
+                        hash_span(job.head, fd, job.dst, job.nbytes)
+                    else:
+                        _hash_rows(job, fd)
+                        if (blocks := job.feed.result()) is not None:
+                            self.blocks[job.path] = blocks
                     self.digests[job.path] = job.head.hexdigest()
             finally:
                 os.close(fd)
