@@ -193,13 +193,11 @@ def compress(
     time_dim: int = -1,
     force: bool = False,
     chunk_mb: float = DEFAULT_CHUNK_MB,
-    options: dict[str, Any] | None = None,
     h5_compression: str | None = None,
     verify: bool = True,
     pack: bool = False,
     flat: bool = False,
-    copy_if_nothing: bool = False,
-    divert: Callable[[Key, Any], Any] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> DatasetResult:
     """Write ``output``: ``input`` with each selected next observation stored by a codec.
 
@@ -211,16 +209,44 @@ def compress(
     ...; ``options={"h5_compression": ...}`` says the same).
     With ``verify`` (the default) the output is re-read and checked before it is put in place.
     With ``pack``, ``output`` is one packed HDF5 file (:mod:`.pack`); with ``flat`` too, each
-    key's datasets of an HDF5 file's episodes are stored as one. ``copy_if_nothing``
-    (what ``--pack`` packs): an input with no next observations (Minari, D4RL AntMaze) is
-    copied with its manifest, where it would be refused; ``divert`` (``--pack`` too): see
-    :attr:`~obsdelta_cli.formats.base.Plan.divert`.
+    key's datasets of an HDF5 file's episodes are stored as one.
     """
+    return write_compressed(
+        input, output, codec=codec, keys=keys, max_abs_error=max_abs_error, exceptions=exceptions,
+        time_dim=time_dim, force=force, chunk_mb=chunk_mb, h5_compression=h5_compression,
+        verify=verify, pack=pack, flat=flat, options=options,
+    )  # fmt: skip
+
+
+def write_compressed(
+    input: Path,
+    output: Path,
+    *,
+    codec: str = DEFAULT_CODEC,
+    keys: Sequence[str] | None = None,
+    max_abs_error: float | None = None,
+    exceptions: bool = True,
+    time_dim: int = -1,
+    force: bool = False,
+    chunk_mb: float = DEFAULT_CHUNK_MB,
+    h5_compression: str | None = None,
+    verify: bool = True,
+    pack: bool = False,
+    flat: bool = False,
+    options: dict[str, Any] | None = None,
+    copy_if_nothing: bool = False,
+    divert: Callable[[Key, Any], Any] | None = None,
+) -> DatasetResult:
+    """:func:`compress`, with what ``--pack`` asks of the compressed dataset it packs:
+    ``copy_if_nothing``, an input with no next observations (Minari, D4RL AntMaze) is copied
+    with its manifest where it would be refused; ``divert``, see
+    :attr:`~obsdelta_cli.formats.base.Plan.divert`."""
     if pack:
         from .pack import compress_packed
 
         return compress_packed(
-            input, output, compress=compress, codec=codec, keys=keys, max_abs_error=max_abs_error,
+            input, output, compress=write_compressed, codec=codec, keys=keys,
+            max_abs_error=max_abs_error,
             exceptions=exceptions, time_dim=time_dim, force=force, chunk_mb=chunk_mb,
             options=options, h5_compression=h5_compression, verify=verify, flat=flat,
         )  # fmt: skip

@@ -16,7 +16,7 @@ from ..rebuild import stored_pairs
 from ..report import DatasetResult, KeyResult
 from ..selection import KeyGroup, candidates, check_time_dim, pairs_of
 from .common import DEFAULT_CHUNK_MB, check_bound, one_thread, original_size, recorded_results
-from .compress import auto_pick, compress, key_result, measure_key
+from .compress import auto_pick, key_result, measure_key, write_compressed
 
 
 @one_thread
@@ -110,7 +110,7 @@ def report(
         from .pack import flat_hint, predict_packed
 
         predicted = predict_packed(
-            input, compress=compress, codec=codec, keys=keys, max_abs_error=max_abs_error,
+            input, compress=write_compressed, codec=codec, keys=keys, max_abs_error=max_abs_error,
             time_dim=time_dim, chunk_mb=chunk_mb, flat=flat,
         )  # fmt: skip
         note = "--pack: the size after is predicted from a sample of each key's chunks"
