@@ -7,10 +7,16 @@ from typing import Any
 import numpy as np
 import pytest
 
+from obsdelta_cli import compress
 from obsdelta_cli.blocks import CheckedRows, digests
-from obsdelta_cli.checksum import BlockCheck, BlockFeed
+from obsdelta_cli.checksum import BlockCheck, BlockFeed, block_rows
 from obsdelta_cli.errors import DamagedError
+from obsdelta_cli.formats import detect, key_str
+from obsdelta_cli.formats.leaf import as_rows
+from obsdelta_cli.inputs import manifest_of
 from obsdelta_cli.rebuild import take
+
+from .conftest import SAMPLE
 
 BLOCK = 8
 
@@ -164,3 +170,28 @@ def test_inflate_names_the_damaged_rows_and_writes_nothing(
     first, last = map(int, caught.value.message.split()[1].split("-"))
     assert first <= at // row_bytes <= last
     assert not (tmp_path / "back").exists()
+
+
+@pytest.mark.parametrize("codec", ["exact", "fp16"])
+@pytest.mark.parametrize(
+    "sample", ["hopper_ted", "hopper_rb", "hopper_d4rl.hdf5", "hopper_robomimic.hdf5"]
+)
+def test_recorded_block_digests_are_those_of_the_leaves_as_read(
+    sample: str, codec: str, tmp_path: Any
+) -> None:
+    """compress takes most block digests as it reads or writes the rows (encoded, copied,
+    stored); every one equals the digests of the leaf as a reader reads it."""
+    out = tmp_path / sample
+    compress(SAMPLE / sample, out, codec=codec)
+    fmt = detect(out)
+    source = fmt.open(out)
+    try:
+        manifest = manifest_of(source)
+        names = {key_str(k): leaf for k, leaf in source.leaves.items()}
+        assert manifest.blocks and set(manifest.blocks) <= set(names)
+        for name, recorded in manifest.blocks.items():
+            rows = as_rows(names[name], manifest.batch_dims)
+            block = block_rows(rows.shape, rows.dtype, manifest.hash_block_bytes)
+            assert recorded == digests(rows, block), name
+    finally:
+        fmt.close(source)
