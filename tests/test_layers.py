@@ -240,3 +240,16 @@ def test_lazy_imports_count_and_type_checking_ones_do_not(tmp_path: Path) -> Non
 @pytest.mark.parametrize("module", ["formats.hdf5_leaves", "codecs", "codecs.quant", ""])
 def test_the_table_places_packages_and_patterns(module: str) -> None:
     assert layers.layer_of(module) in layers.ORDER
+
+
+#: Lines a module of the package may have: past it, a module holds more than one thing.
+MAX_LINES = 600
+
+
+def test_no_module_is_over_the_line_limit() -> None:
+    long = {
+        name: n
+        for name, path in modules().items()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, long
