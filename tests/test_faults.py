@@ -176,6 +176,41 @@ def test_bit_flips_in_a_packed_file_with_nothing_encoded_are_caught(
     assert tally["caught"] + tally["harmless"] == flips
 
 
+def test_a_header_hdf5_would_crash_copying_fails_inflate_with_one_line(
+    hopper: TensorDictBase, tmp_path: Path
+) -> None:
+    """A bit flipped in the first message type of a kept dataset's header (HDF5's oldest
+    object header format) makes HDF5 take the dataset for a named datatype, whose object copy
+    crashed the process: inflate of the packed file copies every such object in a child first,
+    and says the file is damaged."""
+    src = WRITERS["minari-hdf5"](hopper[:600].clone(), tmp_path / "in")
+    packed = tmp_path / "small.h5"
+    compress(src, packed, pack=True)
+    with h5py.File(packed, "r") as f:
+        kept = [
+            name
+            for name in ("episode_3/actions", "episode_6/actions")
+            if f[name].chunks is None and f[name].id.get_create_plist().get_nfilters() == 0
+        ]
+        assert kept, "the test needs a dataset the pack kept as it was"
+        address = h5py.h5o.get_info(f[kept[0]].id).addr
+    data = bytearray(packed.read_bytes())
+    data[address + 17] ^= 0x08  # the high byte of the first message's type
+    packed.write_bytes(bytes(data))
+    with h5py.File(packed, "r") as f:
+        assert isinstance(f[kept[0]], h5py.Datatype)  # what HDF5 now makes of it
+    out = tmp_path / "back.hdf5"
+    done = subprocess.run(
+        [sys.executable, "-m", "obsdelta_cli", "inflate", str(packed), "-o", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot be copied" in lines[0] and "damaged" in lines[0], lines
+    assert not out.exists()
+
+
 #: HDF5 inputs, which ``--pack --flat`` takes.
 FLAT_KINDS = ["d4rl-hdf5", "robomimic-hdf5", "ted-hdf5", "minari-hdf5"]
 
