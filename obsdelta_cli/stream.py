@@ -281,8 +281,8 @@ class Stream:
     def copy(self, src: Any, dst: Any, algorithm: str, blocks: Any | None = None) -> str | None:
         """Copy a leaf chunk by chunk (``dst=None``: only read it); return the hash of its bytes.
         Non-array leaves are carried by the container and give ``None``. ``blocks`` is fed
-        every chunk read, before it is written: a :class:`~obsdelta_cli.blocks.BlockCheck`
-        checks it, a :class:`~obsdelta_cli.blocks.BlockFeed` takes its block digests."""
+        every chunk read, before it is written: a :class:`~obsdelta_cli.checksum.BlockCheck`
+        checks it, a :class:`~obsdelta_cli.checksum.BlockFeed` takes its block digests."""
         if not is_data(src):
             return None
         hasher = Hasher(algorithm)

@@ -451,9 +451,10 @@ def _writer(
         handle = source.handle
         in_source = (lambda n: n in handle) if sink.copied else (lambda n: True)
         objects = fmt.object_hashes(sink, object_skip(deltas, in_source))
-        # Every stored leaf hashed in blocks, as the output holds it: read back from the
-        # output just written (in memory still), not from the input a second time, but for
-        # the observations, whose blocks the pass took as it read them.
+        # Every stored leaf hashed in blocks, as the output holds it: taken where the pass read
+        # or copied its rows (the observations, a folder's copied leaves, an HDF5 output's raw
+        # copies), else read back from the output just written (in memory still), not from
+        # the input a second time.
         fed = {key_str(k): r for k, f in feeds.items() if (r := f.result()) is not None}
         if source.batch_dims == 1:
             fed = {**sink.blocks, **fed}
