@@ -311,9 +311,7 @@ class HDF5Format(Format):
     def _fill_structure(
         self, src: h5py.File, out: h5py.File, path: Path, source: Source, plan: Plan
     ) -> Sink:
-        copy_attrs(src, out)
-        if META_ATTR in out.attrs:
-            del out.attrs[META_ATTR]
+        copy_attrs(src, out, exclude=META_ATTR)
         rule = _copy_rule(source, plan.order)
         fd = _OUTPUT_FDS[id(out)]
         copies = _COPIES[id(out)] = RawCopies(source.path, out, fd)

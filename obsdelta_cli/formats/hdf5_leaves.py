@@ -81,10 +81,11 @@ def read_rows(ds: h5py.Dataset, rows: Any, file: Path, what: str) -> np.ndarray:
         ) from None
 
 
-def copy_attrs(src: Any, dst: Any) -> None:
+def copy_attrs(src: Any, dst: Any, exclude: str | None = None) -> None:
     """Copy attributes with their exact stored types and dataspaces, through HDF5's own calls:
     h5py's ``attrs`` took about 100 µs an attribute (a Minari file has thousands, an object
-    may hold 100,000)."""
+    may hold 100,000). ``exclude``: an attribute not copied (copied, then deleted, it would
+    leave its room unused in the object's header, which HDF5 never gives back)."""
     names: list[bytes] = []
     with phil:
         # In h5py's order: by creation where the object tracks it, else by name.
@@ -92,6 +93,8 @@ def copy_attrs(src: Any, dst: Any) -> None:
         order = h5py.h5.INDEX_CRT_ORDER if tracked else h5py.h5.INDEX_NAME
         h5py.h5a.iterate(src.id, names.append, index_type=order)
         for name in names:
+            if exclude is not None and name == exclude.encode():
+                continue
             attr = h5py.h5a.open(src.id, name)
             space, stored = attr.get_space(), stored_type(attr.get_type())
             # The type built anew: HDF5 encodes it as the file's format asks, not as the

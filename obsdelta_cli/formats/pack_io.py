@@ -171,9 +171,7 @@ def copy_structure(
     """Copy ``src`` into ``out`` object for object but its manifest (the packed one holds
     it), with its root attributes; each dataset whose path is in ``rewritten`` is given to
     ``rewrite(dataset, parent in out, name, path)`` instead."""
-    copy_attrs(src, out)  # with their stored types, as every other object's
-    if META_ATTR in out.attrs:
-        del out.attrs[META_ATTR]
+    copy_attrs(src, out, exclude=META_ATTR)  # with their stored types, as every other object's
     relinks = Relinks()
 
     def walk(group: h5py.Group, dst: h5py.Group) -> None:

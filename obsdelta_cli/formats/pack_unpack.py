@@ -105,9 +105,7 @@ def unpack_hdf5(packed: Source, info: dict[str, Any], inner: Manifest, out: Path
         h5_output(out, libver) as f,
         reading_pack(packed.path),
     ):
-        copy_attrs(src, f)
-        if META_ATTR in f.attrs:  # a flat packed file's skeleton has none
-            del f.attrs[META_ATTR]
+        copy_attrs(src, f, exclude=META_ATTR)
         _unpack_group(packed, src, f, info["datasets"])
         if OWN in f and not len(f[OWN]):
             del f[OWN]
