@@ -52,8 +52,11 @@ from .errors import UsageError
 CHUNK_BYTES = 1 << 20
 #: Chunks of each key the filter choice is measured on (spread evenly over the key's rows).
 SAMPLE_CHUNKS = 4
-#: Datasets smaller than this are copied as they are: filters would gain only bytes.
-MIN_PACK_BYTES = 1 << 10
+#: Datasets smaller than this are copied as they are. A repacked dataset of an HDF5 input costs
+#: a filter pipeline and a layout twin, a few hundred bytes of headers: below 512 bytes of
+#: values, compression gains less than that (a robomimic file of 1,000 low-dim demos packs
+#: 3.8% smaller than with 1 KiB, and 5.8% larger with 256 bytes).
+MIN_PACK_BYTES = 1 << 9
 #: The transform of files packed by obsdelta 0.2: frame ``t`` minus frame ``t - 1`` (mod 256)
 #: within a chunk, stored under the dataset's own name.
 FRAME_DELTA = "frame-delta"
