@@ -24,6 +24,7 @@ from obsdelta_cli.errors import DataError, ObsdeltaError
 from obsdelta_cli.filters import MIN_PACK_BYTES
 from obsdelta_cli.formats import detect
 from obsdelta_cli.formats.leaf import FileLeaf
+from obsdelta_cli.formats.pack_io import HEAVY_INDEX
 from obsdelta_cli.formats.pack_leaves import NAME, TRANSFORM_ATTR
 from obsdelta_cli.inputs import open_input
 from obsdelta_cli.manifest import FORMAT_VERSION
@@ -552,6 +553,25 @@ def test_no_header_of_a_packed_file_keeps_room_left_by_a_deleted_attribute(
             lambda name, obj: free.update({name: h5py.h5o.get_info(obj.id).hdr.space.free})
         )
     assert max(free.values()) < 256, sorted(free.items(), key=lambda kv: -kv[1])[:3]
+
+
+def test_no_dataset_of_a_packed_file_keeps_a_heavy_chunk_index(
+    source: Path, tmp_path: Path
+) -> None:
+    """A packed file indexes each dataset's chunks in the format it is written in: HDF5's copy
+    of a compressed file's exception arrays kept their version-1 B-trees, 2 KB each however
+    few their rows (12.3 KB of the robomimic sample's packed 161.8 KB)."""
+    packed = tmp_path / "p.h5"
+    compress(source, packed, pack=True)
+    index: dict[str, int] = {}
+
+    def visit(name: str, obj: Any) -> None:
+        if isinstance(obj, h5py.Dataset):
+            index[name] = h5py.h5o.get_info(obj.id).meta_size.obj.index_size
+
+    with h5py.File(packed, "r") as f:
+        f.visititems(visit)
+    assert max(index.values(), default=0) <= HEAVY_INDEX, max(index.items(), key=lambda kv: kv[1])
 
 
 #: The samples that pack smaller than zstd -3 of their bytes (the two ``.pt`` samples are too

@@ -18,10 +18,7 @@ import h5py
 import numpy as np
 
 from ..errors import InputError, UsageError
-from ..filters import (
-    MIN_PACK_BYTES,
-    minimal_headers,
-)
+from ..filters import MIN_PACK_BYTES, minimal_headers
 from ..manifest import Manifest
 from .base import SIDECAR, Key, Source, key_str
 from .hdf5 import (
@@ -33,7 +30,7 @@ from .hdf5 import (
     finish_output,
     new_output,
 )
-from .hdf5_copy import Relinks, copy_object
+from .hdf5_copy import Relinks, copy_object, copy_values
 from .hdf5_leaves import META_ATTR, leaf_dtype
 from .hdf5_meta import MANIFEST
 from .hdf5_safety import damaged_pack, scale_offset
@@ -201,12 +198,32 @@ def pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, Any
     }
     shared = plan_columns(repacked)
     groups = Groups(out)
+    arrays = {name for name, obj in objects_of(src) if _array_rewritten(obj, name.split("/"))}
 
     def rewrite(ds: h5py.Dataset, dst: h5py.Group, name: str, path: str) -> None:
-        datasets[path] = _repack(ds, dst, name, path, groups, chooser, shared.get(path))
+        if path in arrays:
+            _rewrite_array(ds, dst, name)
+        else:
+            datasets[path] = _repack(ds, dst, name, path, groups, chooser, shared.get(path))
 
-    copy_structure(src, out, repacked, rewrite)
+    copy_structure(src, out, repacked.keys() | arrays, rewrite)
     return {"kind": "hdf5", "libver": list(src.libver), "datasets": datasets}
+
+
+def _array_rewritten(obj: Any, parts: list[str]) -> bool:
+    """Whether an object of an HDF5 inner is one of obsdelta's chunked exception arrays, which
+    the packed file writes anew (:func:`_rewrite_array`)."""
+    return parts[:2] == [OWN, "arrays"] and isinstance(obj, h5py.Dataset) and bool(obj.chunks)
+
+
+def _rewrite_array(ds: h5py.Dataset, dst: h5py.Group, name: str) -> None:
+    """An exception array (index or rows) written anew, with its creation properties (chunks,
+    maximum shape, filters): HDF5's copy would keep its chunk index, in files of HDF5's
+    oldest format a B-tree of 2 KB however few its rows, where the packed file's format
+    indexes a few chunks in a few bytes. Its values are checked by their recorded hashes,
+    whatever its layout."""
+    copy_values(ds, dst, name)
+    copy_attrs(ds, dst[name])
 
 
 def _repacked(ds: h5py.Dataset, path: str, flat: bool = False) -> bool:
