@@ -36,16 +36,17 @@ COPY = (
 )
 
 
-def build(root: Path, demos: int) -> Path:
-    """The robomimic file of ``demos`` demos, built unless cached (written to a temporary name
-    first, so that a cached one is complete)."""
+def build(root: Path, demos: int, cameras: bool = False) -> Path:
+    """The robomimic file of ``demos`` demos (low-dim, or with two 16x16 camera keys), built
+    unless cached (written to a temporary name first, so that a cached one is complete)."""
     from tests.realistic import write_robomimic_real
 
-    path = root / f"robomimic-lowdim-{demos}.hdf5"
+    path = root / f"robomimic-{'cams16' if cameras else 'lowdim'}-{demos}.hdf5"
     if not path.exists():
         root.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
-        write_robomimic_real(partial, demos=demos, image=0, steps=(20, 40), cameras=False)
+        image = 16 if cameras else 0
+        write_robomimic_real(partial, demos=demos, image=image, steps=(20, 40), cameras=cameras)
         partial.rename(path)
     return path
 

@@ -29,23 +29,11 @@ from pathlib import Path
 
 import h5py
 from measure import remove
+from objects import build
 from run import PYTHON
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-
-def build_robomimic(root: Path, demos: int, cameras: bool) -> Path:
-    """A robomimic file, built unless cached (under a temporary name first)."""
-    from tests.realistic import write_robomimic_real
-
-    path = root / f"robomimic-{'cams16' if cameras else 'lowdim'}-{demos}.hdf5"
-    if not path.exists():
-        root.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
-        write_robomimic_real(partial, demos=demos, image=16, steps=(20, 40), cameras=cameras)
-        partial.rename(path)
-    return path
 
 
 def build_minari(root: Path, episodes: int) -> Path:
@@ -149,11 +137,11 @@ def main() -> None:
     minari = build_minari(root, args.episodes)
     inputs = {
         f"robomimic low-dim, {args.demos:,} demos": (
-            build_robomimic(root, args.demos, cameras=False),
+            build(root, args.demos, cameras=False),
             True,
         ),
         f"robomimic, {args.camera_demos:,} demos, 2 cameras 16x16": (
-            build_robomimic(root, args.camera_demos, cameras=True),
+            build(root, args.camera_demos, cameras=True),
             True,
         ),
         f"Minari, {_episodes(minari):,} episodes": (minari, False),

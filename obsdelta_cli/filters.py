@@ -54,8 +54,7 @@ CHUNK_BYTES = 1 << 20
 SAMPLE_CHUNKS = 4
 #: Datasets smaller than this are copied as they are. A repacked dataset of an HDF5 input costs
 #: a filter pipeline and a layout twin, a few hundred bytes of headers: below 512 bytes of
-#: values, compression gains less than that (a robomimic file of 1,000 low-dim demos packs
-#: 3.8% smaller than with 1 KiB, and 5.8% larger with 256 bytes).
+#: values, compression gains less than that (measured: docs/guide/packing.md).
 MIN_PACK_BYTES = 1 << 9
 #: The transform of files packed by obsdelta 0.2: frame ``t`` minus frame ``t - 1`` (mod 256)
 #: within a chunk, stored under the dataset's own name.

@@ -79,10 +79,17 @@ def copy_object(group: h5py.Group, obj: Any, dst: h5py.Group, name: str) -> None
     """Copy ``obj`` (a member of ``group``) to ``dst[name]`` with HDF5's object copy, or value
     by value where that copy would damage it (:func:`object_copy_loses_fill`)."""
     if object_copy_loses_fill(obj):
-        copy_values(obj, dst, name)
-        copy_attrs(obj, dst[name])
+        copy_anew(obj, dst, name)
     else:
         group.copy(obj, dst, name=name)
+
+
+def copy_anew(ds: h5py.Dataset, dst: h5py.Group, name: str) -> h5py.Dataset:
+    """``ds`` written anew as ``dst[name]``, values (:func:`copy_values`) and attributes: its
+    storage (chunk index, fill value) laid out by the new file, not copied as it was."""
+    new = copy_values(ds, dst, name)
+    copy_attrs(ds, new)
+    return new
 
 
 #: Bytes of values moved at a time by :func:`copy_values`.

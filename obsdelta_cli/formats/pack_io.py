@@ -30,7 +30,7 @@ from .hdf5 import (
     finish_output,
     new_output,
 )
-from .hdf5_copy import Relinks, copy_object, copy_values
+from .hdf5_copy import Relinks, copy_anew, copy_object
 from .hdf5_leaves import META_ATTR, leaf_dtype
 from .hdf5_meta import MANIFEST
 from .hdf5_safety import damaged_pack, scale_offset
@@ -191,18 +191,21 @@ def copy_structure(
 
 def pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, Any]:
     datasets: dict[str, Any] = {}
-    repacked = {
-        name: obj
-        for name, obj in objects_of(src)
-        if isinstance(obj, h5py.Dataset) and _repacked(obj, name)
-    }
+    repacked: dict[str, h5py.Dataset] = {}
+    arrays: set[str] = set()
+    for name, obj in objects_of(src):  # one walk sorts the datasets rewritten either way
+        if not isinstance(obj, h5py.Dataset):
+            continue
+        if _array_rewritten(obj, name):
+            arrays.add(name)
+        elif _repacked(obj, name):
+            repacked[name] = obj
     shared = plan_columns(repacked)
     groups = Groups(out)
-    arrays = {name for name, obj in objects_of(src) if _array_rewritten(obj, name.split("/"))}
 
     def rewrite(ds: h5py.Dataset, dst: h5py.Group, name: str, path: str) -> None:
         if path in arrays:
-            _rewrite_array(ds, dst, name)
+            copy_anew(ds, dst, name)
         else:
             datasets[path] = _repack(ds, dst, name, path, groups, chooser, shared.get(path))
 
@@ -210,25 +213,20 @@ def pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, Any
     return {"kind": "hdf5", "libver": list(src.libver), "datasets": datasets}
 
 
-def _array_rewritten(obj: Any, parts: list[str]) -> bool:
-    """Whether an object of an HDF5 inner is one of obsdelta's chunked exception arrays, which
-    the packed file writes anew (:func:`_rewrite_array`)."""
-    return parts[:2] == [OWN, "arrays"] and isinstance(obj, h5py.Dataset) and bool(obj.chunks)
-
-
-def _rewrite_array(ds: h5py.Dataset, dst: h5py.Group, name: str) -> None:
-    """An exception array (index or rows) written anew, with its creation properties (chunks,
-    maximum shape, filters): HDF5's copy would keep its chunk index, in files of HDF5's
-    oldest format a B-tree of 2 KB however few its rows, where the packed file's format
-    indexes a few chunks in a few bytes. Its values are checked by their recorded hashes,
-    whatever its layout."""
-    copy_values(ds, dst, name)
-    copy_attrs(ds, dst[name])
+def _array_rewritten(ds: h5py.Dataset, path: str) -> bool:
+    """Whether a dataset of an HDF5 inner is one of obsdelta's exception arrays (index or rows)
+    whose chunk index is heavy (:func:`_heavy_index`): the packed file writes it anew, with
+    its creation properties (chunks, maximum shape, filters), where HDF5's copy would keep a
+    version-1 B-tree of 2 KB however few its rows. Its values are checked by their recorded
+    hashes, whatever its layout."""
+    own = path.split("/")[:2] == [OWN, "arrays"]
+    return own and _heavy_index(ds, ds.id.get_create_plist().get_layout())
 
 
 def _repacked(ds: h5py.Dataset, path: str, flat: bool = False) -> bool:
-    """Whether a dataset of an HDF5 inner is rewritten (obsdelta's exception rows and layouts
-    are copied as they are)."""
+    """Whether a dataset of an HDF5 inner is repacked (filtered, with its layout twin); not
+    obsdelta's exception rows and layouts, which are copied or written anew as they are
+    (:func:`_array_rewritten`)."""
     own = path.split("/")[:2] in ([OWN, "arrays"], [OWN, "layout"])
     return _repackable(ds, flat) and not own
 
