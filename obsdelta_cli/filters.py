@@ -40,6 +40,7 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import h5py
@@ -74,7 +75,63 @@ def plugins() -> Any:
         raise UsageError(
             "packed files need hdf5plugin", hint="pip install 'obsdelta[hdf5plugin]'"
         ) from None
+    short_zstd_name(hdf5plugin)
     return hdf5plugin
+
+
+#: The name HDF5 writes into the filter pipeline of each dataset obsdelta filters with Zstd.
+ZSTD_NAME = b"zstd"
+
+
+class _FilterClass(ctypes.Structure):
+    """HDF5's ``H5Z_class2_t``: a filter as registered (``H5Zregister``)."""
+
+    _fields_ = [
+        ("version", ctypes.c_int),
+        ("id", ctypes.c_int),
+        ("encoder_present", ctypes.c_uint),
+        ("decoder_present", ctypes.c_uint),
+        ("name", ctypes.c_char_p),
+        ("can_apply", ctypes.c_void_p),
+        ("set_local", ctypes.c_void_p),
+        ("filter", ctypes.c_void_p),
+    ]
+
+
+#: hdf5plugin's Zstd filter registered again under :data:`ZSTD_NAME` (kept for the process:
+#: HDF5 keeps a pointer to its name), or ``None`` before :func:`short_zstd_name`.
+_short_zstd: _FilterClass | None = None
+
+
+def short_zstd_name(hdf5plugin: Any) -> None:
+    """Register hdf5plugin's Zstd filter (the same code, encoding and decoding) again, named
+    :data:`ZSTD_NAME`. HDF5 writes the name of the registered filter into every filtered
+    dataset's object header, and hdf5plugin's is a sentence of 107 characters with a web
+    address: in a packed file of 10,000 small datasets, a megabyte of headers. A reader finds
+    the filter by its number, which is unchanged. Done once per process; where the plugin's
+    library cannot be found or does not describe the filter as expected, names stay long."""
+    global _short_zstd
+    if _short_zstd is not None:
+        return
+    found = sorted(Path(hdf5plugin.PLUGIN_PATH).glob("*h5zstd.*"))
+    try:
+        info = ctypes.CDLL(str(found[0])).H5PLget_plugin_info
+    except (IndexError, OSError, AttributeError):
+        return
+    info.restype = ctypes.c_void_p
+    address = info()
+    if not address:
+        return
+    plugin = _FilterClass.from_address(address)
+    if plugin.version != 1 or plugin.id != ZSTD_FILTER or not plugin.filter:
+        return
+    short = _FilterClass.from_buffer_copy(plugin)
+    short.name = ZSTD_NAME
+    try:
+        h5py.h5z.register_filter(ctypes.addressof(short))
+    except (RuntimeError, ValueError, OSError):  # hdf5plugin's registration stays
+        return
+    _short_zstd = short
 
 
 _local = threading.local()

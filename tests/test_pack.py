@@ -21,7 +21,7 @@ from tensordict import TensorDictBase
 from obsdelta_cli import compress, inflate, open_dataset, report, verify
 from obsdelta_cli.commands.pack import packable
 from obsdelta_cli.errors import DataError, ObsdeltaError
-from obsdelta_cli.filters import MIN_PACK_BYTES
+from obsdelta_cli.filters import MIN_PACK_BYTES, ZSTD_FILTER, ZSTD_NAME
 from obsdelta_cli.formats import detect
 from obsdelta_cli.formats.leaf import FileLeaf
 from obsdelta_cli.formats.pack_io import HEAVY_INDEX
@@ -574,9 +574,44 @@ def test_no_dataset_of_a_packed_file_keeps_a_heavy_chunk_index(
     assert max(index.values(), default=0) <= HEAVY_INDEX, max(index.items(), key=lambda kv: kv[1])
 
 
-#: The samples that pack smaller than zstd -3 of their bytes (the two ``.pt`` samples are too
-#: small to: see the README).
-SMALLER_THAN_ZSTD = ["hopper_d4rl.hdf5", "hopper_robomimic.hdf5", "hopper_ted", "hopper_rb"]
+def test_packed_datasets_name_their_zstd_filter_in_four_bytes(source: Path, tmp_path: Path) -> None:
+    """HDF5 writes the registered name of a filter into each dataset's filter pipeline:
+    hdf5plugin's Zstd filter calls itself in 107 characters, obsdelta's registration of the
+    same filter ``zstd`` (read in a fresh interpreter without hdf5plugin, so that each name
+    is the one stored; the values are read by hdf5plugin's own registration in
+    ``test_pack_readers``)."""
+    packed = tmp_path / "p.h5"
+    compress(source, packed, pack=True)
+    script = (
+        "import sys, h5py\n"
+        "names = []\n"
+        "def visit(name, obj):\n"
+        "    if isinstance(obj, h5py.Dataset):\n"
+        "        plist = obj.id.get_create_plist()\n"
+        "        for i in range(plist.get_nfilters()):\n"
+        "            code, _, _, named = plist.get_filter(i)\n"
+        f"            if code == {ZSTD_FILTER}: names.append(named.decode())\n"
+        "with h5py.File(sys.argv[1], 'r') as f:\n"
+        "    f.visititems(visit)\n"
+        "print(' '.join(names))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(packed)], capture_output=True, text=True, check=True
+    )
+    names = out.stdout.split()
+    assert names and set(names) == {ZSTD_NAME.decode()}, sorted(set(names))
+    assert b"hdf5_plugins" not in packed.read_bytes()
+
+
+#: The samples that pack smaller than zstd -3 of their bytes (``pong_pixels.pt`` is too small
+#: to: see the README).
+SMALLER_THAN_ZSTD = [
+    "hopper_d4rl.hdf5",
+    "hopper_robomimic.hdf5",
+    "hopper_ted",
+    "hopper_rb",
+    "halfcheetah_ted.pt",
+]
 
 
 @pytest.mark.parametrize("name", SMALLER_THAN_ZSTD)

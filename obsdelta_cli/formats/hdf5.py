@@ -30,6 +30,7 @@ import numpy as np
 from ..arrays import BFLOAT16
 from ..checksum import Hasher
 from ..errors import InputError, UsageError, failed_write, write_error
+from ..filters import short_zstd_name
 from .base import Format, Key, LeafSpec, Plan, Sink, Source, key_str
 from .hdf5_copy import CopyRule, RawCopies, Relinks, copy_object, in_place
 from .hdf5_leaves import (
@@ -60,6 +61,8 @@ try:  # registers Zstd, Blosc, LZ4, ... filters for reading and writing, when in
     import hdf5plugin
 except ImportError:  # pragma: no cover - exercised when the extra is not installed
     hdf5plugin = None
+else:  # as soon as imported: the name is part of every filtered dataset's object hash
+    short_zstd_name(hdf5plugin)
 
 
 def is_hdf5(path: Path) -> bool:
