@@ -41,6 +41,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "formats.pack_flat",
             "formats.pack_pt",
             "formats.pack_columns",
+            "formats.pack_props",
         ),
     ),
     (

@@ -42,6 +42,7 @@ from .pack_leaves import (
     NAME,
     pack_info,
 )
+from .pack_props import PropsCheck
 from .pack_writer import (
     Chooser,
     DatasetWriter,
@@ -202,15 +203,34 @@ def pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, Any
             repacked[name] = obj
     shared = plan_columns(repacked)
     groups = Groups(out)
+    props = PropsCheck(src.libver)
 
     def rewrite(ds: h5py.Dataset, dst: h5py.Group, name: str, path: str) -> None:
         if path in arrays:
             copy_anew(ds, dst, name)
         else:
             datasets[path] = _repack(ds, dst, name, path, groups, chooser, shared.get(path))
+            props.add(path, ds)
 
     copy_structure(src, out, repacked.keys() | arrays, rewrite)
+    recorded = props.run()
+    for path, entry in datasets.items():
+        if path in recorded:
+            entry["props"] = recorded[path]
+        else:
+            _write_twin(repacked[path], path, groups)
     return {"kind": "hdf5", "libver": list(src.libver), "datasets": datasets}
+
+
+def _write_twin(ds: h5py.Dataset, path: str, groups: Groups) -> None:
+    """The twin of a repacked dataset whose creation properties no record gives back
+    (:mod:`.pack_props`): an empty dataset with its original creation properties, never
+    written, so taking no storage, at its path under :data:`LAYOUT_TWINS`."""
+    parent, _, leaf = f"{LAYOUT_TWINS}/{path}".rpartition("/")
+    dcpl = dcpl_like(ds.id.get_create_plist(), True)
+    chunked = dcpl.get_layout() == h5py.h5d.CHUNKED
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_INCR if chunked else h5py.h5d.ALLOC_TIME_LATE)
+    create_dataset(groups(parent), leaf, ds.dtype, ds.shape, ds.maxshape, dcpl)
 
 
 def _array_rewritten(ds: h5py.Dataset, path: str) -> bool:
@@ -250,12 +270,6 @@ def _repack(
         entry = _write_kept(ds, path, groups, chooser, shared)
         write_virtual(dst, name, ds, shared)
     copy_attrs(ds, dst[name])
-    # The twin: the original creation properties, never written, so taking no storage.
-    parent, _, leaf = f"{LAYOUT_TWINS}/{path}".rpartition("/")
-    dcpl = dcpl_like(ds.id.get_create_plist(), True)
-    chunked = dcpl.get_layout() == h5py.h5d.CHUNKED
-    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_INCR if chunked else h5py.h5d.ALLOC_TIME_LATE)
-    create_dataset(groups(parent), leaf, ds.dtype, ds.shape, ds.maxshape, dcpl)
     entry["alloc_time"] = ds.id.get_create_plist().get_alloc_time()
     absent = _absent_chunks(ds)
     if absent is not None:

@@ -34,6 +34,7 @@ from .pack_leaves import (
     file_bytes,
     repacked_leaf,
 )
+from .pack_props import maxshape_of, props_of
 from .pack_writer import BLOCK_BYTES, stored_rows
 
 
@@ -144,16 +145,30 @@ def _unpack_group(
 def _restore(
     packed: Source, ds: h5py.Dataset, dst: h5py.Group, name: str, path: str, entry: Any
 ) -> None:
-    """Recreate a repacked dataset with its original creation properties and values (those of
-    a flat packed file's member: its twin in the skeleton, and its rows of its family)."""
+    """Recreate a repacked dataset with its original creation properties (recorded in the
+    manifest, or those of its twin) and values (those of a flat packed file's member: its
+    twin in the skeleton, and its rows of its family)."""
     flat = packed.memo.get("flat")
-    twin = ds if flat is not None else packed.handle.get(f"{LAYOUT_TWINS}/{path}")
-    if not isinstance(twin, h5py.Dataset) or twin.shape != ds.shape or twin.dtype != ds.dtype:
-        raise damaged_pack(packed.path, f"the original layout of {path} is missing")
-    dcpl = dcpl_like(twin.id.get_create_plist(), True)
+    record = entry.get("props") if flat is None else None
+    if record is not None:
+        try:
+            dcpl, maxshape = props_of(record, ds.dtype), maxshape_of(record)
+        except (KeyError, TypeError, ValueError, RuntimeError, OverflowError):
+            raise damaged_pack(packed.path, f"the recorded layout of {path} is not one") from None
+    else:
+        twin = ds if flat is not None else packed.handle.get(f"{LAYOUT_TWINS}/{path}")
+        if not isinstance(twin, h5py.Dataset) or twin.shape != ds.shape or twin.dtype != ds.dtype:
+            raise damaged_pack(packed.path, f"the original layout of {path} is missing")
+        dcpl, maxshape = dcpl_like(twin.id.get_create_plist(), True), twin.maxshape
     if entry.get("alloc_time") in ALLOC_TIMES:
         dcpl.set_alloc_time(entry["alloc_time"])
-    new = create_dataset(dst, name, twin.dtype, twin.shape, twin.maxshape, dcpl)
+    try:
+        new = create_dataset(dst, name, ds.dtype, ds.shape, maxshape, dcpl)
+    except (ValueError, RuntimeError) as exc:
+        if record is None:
+            raise
+        what = f"the recorded layout of {path} does not fit it ({' '.join(str(exc).split())})"
+        raise damaged_pack(packed.path, what) from None
     for attr in ds.attrs:
         if attr != TRANSFORM_ATTR:
             new.attrs.create(attr, ds.attrs[attr], dtype=ds.attrs.get_id(attr).dtype)
