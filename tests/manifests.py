@@ -1,6 +1,7 @@
 """Reading and rewriting the manifest of an HDF5 output in place, as a careless or hostile
 writer would: tests that tamper with files use these, wherever the manifest is stored (the
-root attribute, or a compressed dataset it names)."""
+root attribute, a compressed dataset it names, or in packed files the compressed root
+attribute)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import h5py
 
 from obsdelta_cli.formats.hdf5_meta import MANIFEST, read_meta, write_meta
 from obsdelta_cli.formats.pack_io import PLAIN_MANIFEST_BYTES
+from obsdelta_cli.formats.pack_leaves import NAME as PACKED
 from obsdelta_cli.manifest import content_hash
 
 
@@ -28,4 +30,5 @@ def rewrite_manifest(f: h5py.File, meta: dict[str, Any], *, rehash: bool = False
         meta["manifest_hash"] = content_hash(body)
     if MANIFEST in f:
         del f[MANIFEST]
-    write_meta(f, meta, plain_bytes=PLAIN_MANIFEST_BYTES)
+    packed = meta.get("format") == PACKED
+    write_meta(f, meta, plain_bytes=PLAIN_MANIFEST_BYTES, in_attribute=packed)

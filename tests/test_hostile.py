@@ -324,7 +324,8 @@ def test_a_manifest_outside_the_file_is_never_read(cli: Cli, tmp_path: Path) -> 
         text = json.dumps(manifest_of(f)).encode()
         assert json.loads(text)["format"] == "packed-hdf5"
         f.attrs["obsdelta"] = json.dumps({"manifest": "obsdelta/manifest"})
-        del f["obsdelta/manifest"]
+        if "obsdelta/manifest" in f:  # packed files keep it in the attribute: none to remove
+            del f["obsdelta/manifest"]
         f["obsdelta/manifest"] = h5py.ExternalLink("outside.h5", "/x")
     with h5py.File(tmp_path / "outside.h5", "w") as g:
         raw = np.frombuffer(zlib.compress(bytes(text)), np.uint8)

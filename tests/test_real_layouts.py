@@ -551,26 +551,43 @@ def test_robomimic_full_size_images_exact_near_the_floor(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("pack", [False, True], ids=["compressed", "packed"])
-def test_torchrl_dataset_classes_never_build_another_cache(
-    real: dict[str, Path], minari_real: dict[str, Path], tmp_path: Path, pack: bool
+def test_torchrl_d4rl_class_never_builds_another_cache(
+    real: dict[str, Path], tmp_path: Path, pack: bool
 ) -> None:
-    """TorchRL's D4RLExperienceReplay (D4RL file) and MinariExperienceReplay
-    (``main_data.hdf5``) take every root object of the file for data, obsdelta's own group
-    included, and a compressed D4RL file has no ``next_observations`` to take: on a compressed
-    or packed file they fail (the documented answer is ``inflate``, or compressing TorchRL's
-    cache instead), and never build a cache that differs from the original's."""
+    """TorchRL's D4RLExperienceReplay takes every root object of a D4RL file for data,
+    obsdelta's own group included, and a compressed file has no ``next_observations``: on a
+    compressed or packed file it fails (the documented answer is ``inflate``, or compressing
+    TorchRL's cache instead), and never builds a cache that differs from the original's."""
     d4rl = tmp_path / "hopper.hdf5"
     compress(real["d4rl"], d4rl, pack=pack)
     with pytest.raises(Exception):  # noqa: B017 - TorchRL's own error, whichever it is
         R.write_torchrl_d4rl_cache(d4rl, tmp_path / "d4rl-cache", DATASET_ID)
-    if pack:  # compress leaves a Minari file alone: it stores each observation once
-        src = minari_real["minari"]
-        root = src.parents[3]  # MINARI_DATASETS_PATH/hopper/random-v0/data/main_data.hdf5
-        datasets = tmp_path / "datasets"
-        shutil.copytree(root, datasets)
-        main = datasets / src.relative_to(root)
-        R.write_torchrl_minari_cache(datasets, tmp_path / "control", MINARI_ID)  # the copy reads
-        main.unlink()
-        compress(src, main, pack=True)
-        with pytest.raises(Exception):  # noqa: B017
-            R.write_torchrl_minari_cache(datasets, tmp_path / "minari-cache", MINARI_ID)
+
+
+def test_torchrl_minari_class_builds_the_same_cache_from_a_packed_file(
+    minari_real: dict[str, Path], tmp_path: Path
+) -> None:
+    """TorchRL's MinariExperienceReplay (``load_from_local_minari=True``) takes every root
+    object of ``main_data.hdf5`` for an episode: a packed Minari file holds nothing else (its
+    manifest is a root attribute, each dataset's creation properties are in it), so TorchRL
+    builds from it, with hdf5plugin imported, the cache it builds from the original, leaf for
+    leaf and bit for bit."""
+    pytest.importorskip("hdf5plugin")
+    import hdf5plugin  # noqa: F401 - the packed datasets' filter, for TorchRL's reads
+
+    src = minari_real["minari"]
+    root = src.parents[3]  # MINARI_DATASETS_PATH/hopper/random-v0/data/main_data.hdf5
+    datasets = tmp_path / "datasets"
+    shutil.copytree(root, datasets)
+    main = datasets / src.relative_to(root)
+    main.unlink()
+    compress(src, main, pack=True)
+    with h5py.File(main, "r") as f:
+        assert all(name.startswith("episode_") for name in f), sorted(f)[-3:]
+    built = R.write_torchrl_minari_cache(datasets, tmp_path / "minari-cache", MINARI_ID)
+    got = TensorDict.load_memmap(built)
+    want = TensorDict.load_memmap(minari_real["minari-cache"])
+    assert got.batch_size == want.batch_size
+    assert set(got.keys(True, True)) == set(want.keys(True, True))
+    for key in want.keys(True, True):
+        assert torch.equal(got[key], want[key]), key

@@ -30,11 +30,22 @@ MAX_META_BYTES = 1 << 28
 META_SECONDS = SILENCE_SECONDS
 
 
-def write_meta(out: h5py.File, meta: dict[str, Any], plain_bytes: int = PLAIN_META_BYTES) -> None:
+def write_meta(
+    out: h5py.File,
+    meta: dict[str, Any],
+    plain_bytes: int = PLAIN_META_BYTES,
+    in_attribute: bool = False,
+) -> None:
     """Store the manifest: as the JSON root attribute, or when longer than ``plain_bytes``,
     zlib-compressed in an opaque dataset (non-tensor data to HDF5 readers) that the attribute
-    names."""
+    names, or with ``in_attribute`` (a file of HDF5 1.8's format or later, whose attributes
+    may be of any size), as the root attribute itself: a packed file then holds no object
+    of obsdelta's where a library takes every root object for its own (TorchRL's
+    ``MinariExperienceReplay`` takes each for an episode)."""
     text = json.dumps(meta)  # ASCII: json escapes every other character
+    if len(text) > plain_bytes and in_attribute:
+        out.attrs.create(META_ATTR, np.frombuffer(zlib.compress(text.encode(), 6), np.uint8))
+        return
     if len(text) > plain_bytes:
         packed = np.frombuffer(zlib.compress(text.encode(), 6), dtype=np.uint8)
         ds = out.create_dataset(
@@ -49,15 +60,20 @@ def write_meta(out: h5py.File, meta: dict[str, Any], plain_bytes: int = PLAIN_ME
 
 
 def _meta_text(f: h5py.File) -> tuple[str, str] | None:
-    """The root attribute as ``(kind, text)``: a string, bytes (as Latin-1) or anything else
-    (unreadable as JSON); ``None`` where there is none."""
-    raw = f.attrs.get(META_ATTR)
-    if raw is None:
+    """The root attribute as ``(kind, text)``: a string, bytes (as Latin-1), zlib-compressed
+    bytes (as Latin-1) or anything else (unreadable as JSON); ``None`` where there is none.
+    An attribute taking more bytes than the file cannot be one of obsdelta's: not read."""
+    if META_ATTR not in f.attrs:
         return None
+    if f.attrs.get_id(META_ATTR).get_storage_size() > Path(f.filename).stat().st_size:
+        return "other", ""
+    raw = f.attrs.get(META_ATTR)
     if isinstance(raw, str):
         return "str", raw
     if isinstance(raw, bytes):
         return "bytes", raw.decode("latin-1")
+    if isinstance(raw, np.ndarray) and raw.dtype == np.uint8 and raw.ndim == 1:
+        return "zlib", raw.tobytes().decode("latin-1")
     return "other", ""
 
 
@@ -100,6 +116,8 @@ def read_meta(f: h5py.File, file: Path) -> dict[str, Any] | None:
     kind, text = found
     raw: Any = text.encode("latin-1") if kind == "bytes" else text if kind == "str" else None
     try:
+        if kind == "zlib":
+            raw = _inflated(text.encode("latin-1"))
         meta = json.loads(raw)
         if isinstance(meta, dict) and set(meta) == {"manifest"}:
             meta = json.loads(_packed_manifest(f, file))
@@ -133,8 +151,13 @@ def _packed_manifest(f: h5py.File, file: Path) -> bytes:
         raise ValueError("no manifest dataset")
     if ds.shape[0] > min(MAX_META_BYTES, file.stat().st_size):
         raise ValueError("manifest dataset larger than the file")
+    return _inflated(ds[()].tobytes())
+
+
+def _inflated(packed: bytes) -> bytes:
+    """A zlib-compressed manifest, at most :data:`MAX_META_BYTES` of it."""
     inflater = zlib.decompressobj()
-    text = inflater.decompress(ds[()].tobytes(), MAX_META_BYTES)
+    text = inflater.decompress(packed, MAX_META_BYTES)
     if inflater.unconsumed_tail:
         raise ValueError("manifest too long")
     return text

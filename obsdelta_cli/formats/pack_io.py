@@ -181,6 +181,10 @@ def copy_structure(
             if path == MANIFEST or relinks.relinked(obj, dst, name):
                 continue
             if isinstance(obj, h5py.Group):
+                if path == OWN and all(f"{OWN}/{n}" == MANIFEST for n in obj):
+                    # Only the manifest, which the packed one holds: no group left empty,
+                    # where libraries take every root object for their own (Minari).
+                    continue
                 walk(obj, group_like(obj, dst, name))
             elif path in rewritten:
                 rewrite(obj, dst, name, path)

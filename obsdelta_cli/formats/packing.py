@@ -70,7 +70,7 @@ def pack_into(
     else:
         info = pack_folder(inner, f, chooser, early or {})
     meta = packed_manifest(manifest, inner_name, info).to_json()
-    write_meta(f, meta, plain_bytes=PLAIN_MANIFEST_BYTES)
+    write_meta(f, meta, plain_bytes=PLAIN_MANIFEST_BYTES, in_attribute=True)
 
 
 def unpack(packed: Source, manifest: Manifest, out: Path) -> None:
