@@ -12,12 +12,12 @@ stored. For a robomimic low-dim file (``tests/realistic.py``'s ``write_robomimic
 - the input and ``zstd -3 -T1`` of it;
 - ``compress --pack`` (each dataset at its path) and ``compress --pack --flat`` (each family
   of datasets stored as one, which the libraries cannot read);
-- the *floor*: the headers alone, an HDF5 file in the packed files' format version (v1.10
-  object headers, compact groups) holding every group and dataset of what ``--pack`` stores at
-  their paths (the compressed file's: robomimic's ``next_obs`` removed), with their attributes,
-  shapes and types and no values, plus the stored bytes of the flat file's families (every
-  value, compressed together). No layout with every dataset at its path stores less, unless
-  its values compress better than the flat families do.
+- the *floor*: the headers alone, an HDF5 file in the packed files' format version (v1.10 object
+  headers of the minimum size, compact groups) holding every group and dataset of what
+  ``--pack`` stores at their paths (the compressed file's: robomimic's ``next_obs`` removed),
+  with their attributes, shapes and types and no values, plus the stored bytes of the flat
+  file's families (every value, compressed together). No layout with every dataset at its path
+  stores less, unless its values compress better than the flat families do.
 """
 
 from __future__ import annotations
@@ -58,15 +58,21 @@ def _episodes(main: Path) -> int:
 
 
 def floor_bytes(src: Path, dst: Path) -> int:
-    """Bytes of an HDF5 file (v1.10 headers, as packed files are written) holding every
-    group and dataset of ``src`` but obsdelta's own, with their attributes, and no values."""
+    """Bytes of an HDF5 file (v1.10 headers of the minimum size, as packed files are written)
+    holding every group and dataset of ``src`` but obsdelta's own, with their attributes, and
+    no values."""
+    from obsdelta_cli.filters import minimal_headers
+
     with h5py.File(src, "r") as s, h5py.File(dst, "w", libver=("v110", "v110")) as d:
+        minimal_headers(d)
 
         def visit(name: str, obj: h5py.HLObject) -> None:
             if name == "obsdelta" or name.startswith("obsdelta/"):
                 return
             if isinstance(obj, h5py.Dataset):
-                made: h5py.HLObject = d.create_dataset(name, shape=obj.shape, dtype=obj.dtype)
+                made: h5py.HLObject = d.create_dataset(
+                    name, shape=obj.shape, dtype=obj.dtype, track_times=False
+                )
             else:
                 made = d.require_group(name)
             for key, value in obj.attrs.items():
