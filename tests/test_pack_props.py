@@ -11,14 +11,15 @@ from typing import Any
 import h5py
 import numpy as np
 import pytest
+from tensordict import TensorDictBase
 
 from obsdelta_cli import compress, inflate, verify
 from obsdelta_cli.formats.hdf5 import create_dataset
 from obsdelta_cli.formats.hdf5_walk import LAYOUT_TWINS
 from obsdelta_cli.formats.pack_props import PropsCheck, maxshape_of, props_of, twin_props
 
-from .realistic import write_robomimic_real
 from .test_pack import h5_objects
+from .writers import write_robomimic
 
 #: Datasets as h5py and the libraries write them: contiguous and chunked, every filter HDF5
 #: has built in, fill values of each kind, extendible, attribute creation order tracked.
@@ -107,10 +108,12 @@ def test_a_filter_stored_under_another_name_keeps_its_twin(tmp_path: Path) -> No
         assert sorted(check.run()) == ["g"]
 
 
-def test_packed_robomimic_file_keeps_no_twin_and_unpacks_exactly(tmp_path: Path) -> None:
-    """A robomimic file of 60 demos (about 700 repacked datasets): every one recorded, no twin
-    and no group of twins written; inflate gives every object back."""
-    src = write_robomimic_real(tmp_path / "demos.hdf5", demos=60, image=16, steps=(20, 40))
+def test_packed_robomimic_file_keeps_no_twin_and_unpacks_exactly(
+    tmp_path: Path, hopper: TensorDictBase
+) -> None:
+    """A robomimic file of Hopper demos (hundreds of repacked datasets): every one recorded,
+    no twin and no group of twins written; inflate gives every object back."""
+    src = write_robomimic(hopper[:600], tmp_path / "demos.hdf5")
     packed = tmp_path / "packed.h5"
     compress(src, packed, pack=True)
     with h5py.File(packed, "r") as f:
