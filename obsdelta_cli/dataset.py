@@ -40,9 +40,10 @@ from .arrays import from_torch, is_tensor, to_torch
 from .blocks import check_exceptions, checked_stream
 from .errors import FileChangedError
 from .formats import FORMATS, Format, Key, Source
+from .formats.hdf5_walk import OWN, own_key
 from .formats.leaf import as_rows, is_data
 from .identity import Identity, changed, identity
-from .inputs import manifest_of, open_input, stream_for
+from .inputs import check_leaves, manifest_of, open_input, stream_for
 from .rebuild import Index, StoredPair, stored_pairs, take
 
 if TYPE_CHECKING:  # tensordict costs seconds to import; HDF5 work never needs it
@@ -113,6 +114,8 @@ class ObsdeltaDataset(Dataset):
         self._fmt, self._source = fmt, source
         manifest = manifest_of(source) if source.meta is not None else None
         stored = stored_pairs(source, manifest) if manifest is not None else []
+        if manifest is not None:  # a leaf lost to damage is an error, not a key left out
+            check_leaves(source, manifest)
         time_dim = manifest.time_dim if manifest is not None else source.batch_dims - 1
         self._stream = stream_for(source, time_dim, 64)
         self._manifest = manifest
@@ -133,10 +136,11 @@ class ObsdeltaDataset(Dataset):
         episode it keeps apart, leaves named as the layout says (TED names)."""
         rebuilt = {s.pair.next_key: s for s in stored}
         hidden = {s.pair.delta_key for s in stored}
+        own = own_key(source.memo.get("own", OWN))  # obsdelta's group: /metadata/obsdelta in D4RL
         leaves = {
             k: v
             for k, v in source.leaves.items()
-            if is_data(v) and k not in hidden and k[0] != "obsdelta"
+            if is_data(v) and k not in hidden and k[0] != OWN and k[: len(own)] != own
         }
         episodes = layout.episodes([*leaves, *rebuilt])
         if layout.observations_once:  # episodes without observations hold no transitions

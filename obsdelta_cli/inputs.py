@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import DataError, InputError, UsageError
-from .formats import Format, Source, detect
+from .formats import Format, Source, detect, key_str
 from .formats.hdf5 import HDF5Format
 from .formats.packed import Packed
 from .manifest import Manifest, parse
@@ -53,6 +53,24 @@ def manifest_of(source: Source) -> Manifest:
                 hint="the compressed dataset is damaged; restore it from a copy",
             )
     return manifest
+
+
+def check_leaves(source: Source, manifest: Manifest) -> None:
+    """The source holds exactly the leaves the manifest describes: the original ones but the
+    rebuilt next observations, and the stored leaves. A leaf renamed, added or lost by damage
+    is never carried along unchecked."""
+    rebuilt = {r.next_key for r in manifest.keys}
+    expected = {k for k in manifest.leaf_order if k not in rebuilt}
+    expected |= {r.delta_key for r in manifest.keys if r.delta_key is not None}
+    found = set(source.leaves)
+    for key in sorted(found ^ expected):
+        what = "is not in the metadata" if key in found else "named in the metadata is missing"
+        raise DataError(
+            f"leaf {what}",
+            file=source.path,
+            key=key_str(key),
+            hint="the compressed dataset is damaged or was edited; restore it from a copy",
+        )
 
 
 def stream_for(

@@ -20,7 +20,7 @@ True
 ...     parse({**m.to_json(), "obsdelta_format": 9}, file="x")
 ... except InputError as exc:
 ...     print(exc.message)
-written with obsdelta format 9; this obsdelta reads up to 3
+written with obsdelta format 9; this obsdelta reads up to 4
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ from .errors import FormatVersionError, InputError
 #: Version of the stored layout; bumped on any incompatible change. 2: typed manifest, lossless
 #: flag and bound per key, xxh3 hashes, container description, block size reserved. 3: every
 #: stored leaf hashed in blocks (``blocks``, ``hash.block_bytes``), packed chunks checksummed.
-FORMAT_VERSION = 3
+#: 4: obsdelta's group may be ``/metadata/obsdelta`` (a D4RL file with metadata), named by
+#: ``own``, its exception arrays numbers there: a format 3 reader would find none.
+FORMAT_VERSION = 4
 #: Hash of format 2 files; format 1 files used CRC-32.
 HASH_ALGORITHM = "xxh3-64"
 HASH_ALGORITHMS = ("crc32", HASH_ALGORITHM)

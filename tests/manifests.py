@@ -10,7 +10,7 @@ from typing import Any
 
 import h5py
 
-from obsdelta_cli.formats.hdf5_meta import MANIFEST, read_meta, write_meta
+from obsdelta_cli.formats.hdf5_meta import MANIFESTS, read_meta, write_meta
 from obsdelta_cli.formats.pack_io import PLAIN_MANIFEST_BYTES
 from obsdelta_cli.formats.pack_leaves import NAME as PACKED
 from obsdelta_cli.manifest import content_hash
@@ -28,7 +28,8 @@ def rewrite_manifest(f: h5py.File, meta: dict[str, Any], *, rehash: bool = False
     if rehash:
         body = {k: v for k, v in meta.items() if k != "manifest_hash"}
         meta["manifest_hash"] = content_hash(body)
-    if MANIFEST in f:
-        del f[MANIFEST]
+    for name in MANIFESTS:
+        if name in f:
+            del f[name]
     packed = meta.get("format") == PACKED
     write_meta(f, meta, plain_bytes=PLAIN_MANIFEST_BYTES, in_attribute=packed)

@@ -303,3 +303,24 @@ def test_many_faults_give_the_original_rows_or_an_error(
     """45 faults in each of 24 outputs (1,080 in all), read as above."""
     tally = run_faults(kind, codec, pack, hopper, tmp_path, 45, _readers(True), seed="many")
     _check(tally)
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["compressed", "packed"])
+@pytest.mark.parametrize("reader", ["dataset", "storage"])
+def test_a_leaf_lost_to_damage_is_an_error_not_a_key_left_out(
+    hopper: TensorDictBase, tmp_path: Path, pack: bool, reader: str
+) -> None:
+    """A flipped bit in the type of a dataset's first header message made HDF5 take
+    ``actions`` for a named datatype: the readers served every row without ``action``. They
+    check that the file holds every leaf its manifest lists (as ``verify`` does)."""
+    if reader == "storage" and not TORCHRL:
+        pytest.skip("ObsdeltaStorage needs torchrl")
+    src = WRITERS["d4rl-hdf5"](hopper[:600].clone(), tmp_path / "in")
+    out = tmp_path / ("p.h5" if pack else "c.hdf5")
+    compress(src, out, pack=pack)
+    assert "action" in _rows_by_reader(out, reader)[0]
+    with h5py.File(out, "r+") as f:
+        del f["actions"]
+        f["actions"] = np.dtype("<f4")  # what the damaged header reads as: a named datatype
+    with pytest.raises(ObsdeltaError, match=r"actions.*missing"):
+        _rows_by_reader(out, reader)

@@ -252,19 +252,34 @@ def _d4rl_with_own_group(td: TensorDictBase, folder: Path) -> Path:
     return src
 
 
+def _d4rl_with_own_group_in_metadata(td: TensorDictBase, folder: Path) -> Path:
+    """``/metadata/obsdelta``: where obsdelta keeps its group in a D4RL file with metadata."""
+    src = write_d4rl(td, folder / "d4rl")
+    with h5py.File(src, "r+") as f:
+        f["metadata/obsdelta/notes"] = np.bytes_(b"kept by the user")
+    return src
+
+
 def _ted_h5_with_own_group(td: TensorDictBase, folder: Path) -> Path:
     td = td.clone()
     td["obsdelta", "score"] = torch.zeros(td.shape)
     return write_ted_hdf5(td, folder / "ted")
 
 
-@pytest.mark.parametrize("writer", [_d4rl_with_own_group, _ted_h5_with_own_group])
+@pytest.mark.parametrize(
+    ("writer", "name"),
+    [
+        (_d4rl_with_own_group, "/obsdelta"),
+        (_d4rl_with_own_group_in_metadata, "/metadata/obsdelta"),
+        (_ted_h5_with_own_group, "/obsdelta"),
+    ],
+)
 @pytest.mark.parametrize("command", ["compress", "report"])
 def test_an_own_group_in_a_plain_hdf5_file_is_refused(
-    cli: Cli, tmp_path: Path, rows: TensorDictBase, writer: Callable, command: str
+    cli: Cli, tmp_path: Path, rows: TensorDictBase, writer: Callable, name: str, command: str
 ) -> None:
     src = writer(rows, tmp_path)
-    says = [src, "object /obsdelta is a name obsdelta writes itself"]
+    says = [src, f"object {name} is a name obsdelta writes itself"]
     expect_error(cli, *command_line(command, src, tmp_path), says=says)
 
 

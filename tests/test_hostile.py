@@ -298,10 +298,11 @@ def test_compressed_hdf5_with_an_external_delta(
 ) -> None:
     small = tmp_path / "small.hdf5"
     compress(write_d4rl(hopper[:300], tmp_path / "plain"), small, codec="fp16")
+    delta = "metadata/obsdelta/delta/next_observations"  # a D4RL file with metadata
     with h5py.File(small, "r+") as f:
-        del f["obsdelta/delta/next_observations"]
-        f["obsdelta/delta/next_observations"] = h5py.ExternalLink("/nonexistent/x.h5", "/x")
-    says = [small, "/obsdelta/delta/next_observations is an external link"]
+        del f[delta]
+        f[delta] = h5py.ExternalLink("/nonexistent/x.h5", "/x")
+    says = [small, f"/{delta} is an external link"]
     for command in ("inflate", "verify", "report"):
         expect_error(cli, *_args(command, small, tmp_path), says=says)
 
@@ -334,3 +335,21 @@ def test_a_manifest_outside_the_file_is_never_read(cli: Cli, tmp_path: Path) -> 
     says = [packed, "object /obsdelta/manifest is an external link to outside.h5:/x"]
     for command in COMMANDS:
         expect_error(cli, *_args(command, packed, tmp_path), says=says)
+
+
+@pytest.mark.parametrize("own", ["observations", "metadata", "metadata/../obsdelta", 7])
+def test_a_manifest_placing_obsdeltas_group_elsewhere_is_refused(
+    cli: Cli, tmp_path: Path, hopper: TensorDictBase, own: object
+) -> None:
+    """The manifest names where obsdelta's group is (``own``): only the places obsdelta
+    writes it are taken, so a crafted manifest cannot make a dataset of the user's read as
+    exception rows, nor leave one out of the checks."""
+    small = tmp_path / "small.h5"
+    compress(write_d4rl(hopper[:300], tmp_path / "plain"), small)
+    with h5py.File(small, "r+") as f:
+        meta = manifest_of(f)
+        assert meta["own"] == "metadata/obsdelta"
+        rewrite_manifest(f, {**meta, "own": own}, rehash=True)
+    says = [small, "places obsdelta's group at", "where obsdelta never writes it"]
+    for command in ("inflate", "verify", "report"):
+        expect_error(cli, *_args(command, small, tmp_path), says=says)

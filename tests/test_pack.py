@@ -137,7 +137,7 @@ def test_packed_manifest_records_the_source_container(source: Path, tmp_path: Pa
     opened = fmt.open(tmp_path / "p.h5")
     try:
         meta = opened.meta or {}
-        assert meta["obsdelta_format"] == FORMAT_VERSION == 3
+        assert meta["obsdelta_format"] == FORMAT_VERSION == 4
         assert meta["format"] == NAME
         assert meta["source_format"] == detect(source).name
         assert meta["pack"]["datasets"]  # every large dataset got a measured filter
@@ -505,7 +505,7 @@ def test_walks_leave_out_the_layout_twins(
     read by path when unpacking (here every dataset, as in files packed before records): a
     walk opened each of them (verifying a packed robomimic file of 1,000 demos peaked at 4.1
     GB)."""
-    from obsdelta_cli.formats.hdf5_walk import LAYOUT_TWINS, objects_of
+    from obsdelta_cli.formats.hdf5_walk import layout_twins, objects_of
     from obsdelta_cli.formats.pack_props import PropsCheck
 
     monkeypatch.setattr(PropsCheck, "run", lambda self: {})
@@ -515,10 +515,11 @@ def test_walks_leave_out_the_layout_twins(
     fmt, source = open_input(packed)
     try:
         twins: list[str] = []
-        source.handle[LAYOUT_TWINS].visit(twins.append)
+        place = layout_twins()  # robomimic: obsdelta's group is /obsdelta
+        source.handle[place].visit(twins.append)
         names = [name for name, _ in objects_of(source.handle)]
         assert len(twins) > 10 and names
-        assert not [n for n in names if n == LAYOUT_TWINS or n.startswith(f"{LAYOUT_TWINS}/")]
+        assert not [n for n in names if n == place or n.startswith(f"{place}/")]
     finally:
         fmt.close(source)
     inflate(packed, tmp_path / "back.hdf5")  # the twins, read by path, give the layouts back

@@ -19,7 +19,8 @@ from obsdelta_cli import compress, inflate, open_dataset, report, verify
 from obsdelta_cli.errors import DataError, ObsdeltaError
 from obsdelta_cli.filters import MIN_PACK_BYTES, sample_rows
 from obsdelta_cli.formats.hdf5_meta import read_meta
-from obsdelta_cli.formats.pack_columns import COLUMNS, SAMPLE_ROWS
+from obsdelta_cli.formats.hdf5_walk import OWN_IN_METADATA
+from obsdelta_cli.formats.pack_columns import SAMPLE_ROWS, columns_root
 
 from . import realistic as R
 from .conftest import SAMPLE, Cli
@@ -29,8 +30,9 @@ from .test_pack import h5_objects
 from .writers import write_ted_hdf5
 
 ROWS = 5000
-QPOS_KEPT = f"{COLUMNS}/infos/qpos"
-QVEL_KEPT = f"{COLUMNS}/infos/qvel"
+#: D4RL files have metadata: obsdelta's group is /metadata/obsdelta.
+QPOS_KEPT = f"{columns_root(OWN_IN_METADATA)}/infos/qpos"
+QVEL_KEPT = f"{columns_root(OWN_IN_METADATA)}/infos/qvel"
 QS = ["qpos", "qvel"]
 
 

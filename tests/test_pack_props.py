@@ -14,8 +14,8 @@ import pytest
 from tensordict import TensorDictBase
 
 from obsdelta_cli import compress, inflate, verify
-from obsdelta_cli.formats.hdf5 import create_dataset
-from obsdelta_cli.formats.hdf5_walk import LAYOUT_TWINS
+from obsdelta_cli.formats.hdf5_create import create_dataset
+from obsdelta_cli.formats.hdf5_walk import layout_twins
 from obsdelta_cli.formats.pack_props import PropsCheck, maxshape_of, props_of, twin_props
 
 from .test_pack import h5_objects
@@ -75,9 +75,10 @@ def test_a_record_gives_what_the_twin_gives(tmp_path: Path) -> None:
             check.add(name, f[name])
         for name, record in check.run().items():
             ds = f[name]
-            create_dataset(
-                g, f"r-{name}", ds.dtype, ds.shape, maxshape_of(record), props_of(record, ds.dtype)
-            )
+            made = props_of(record, ds.dtype)
+            # The allocation time is the manifest entry's, which unpacking sets after the record.
+            made.set_alloc_time(ds.id.get_create_plist().get_alloc_time())
+            create_dataset(g, f"r-{name}", ds.dtype, ds.shape, maxshape_of(record), made)
             props = twin_props(ds.id.get_create_plist())
             create_dataset(g, f"t-{name}", ds.dtype, ds.shape, ds.maxshape, props)
     with h5py.File(out, "r") as g:
@@ -117,7 +118,7 @@ def test_packed_robomimic_file_keeps_no_twin_and_unpacks_exactly(
     packed = tmp_path / "packed.h5"
     compress(src, packed, pack=True)
     with h5py.File(packed, "r") as f:
-        assert LAYOUT_TWINS not in f
+        assert layout_twins() not in f
     assert verify(packed).ok
     inflate(packed, tmp_path / "back.hdf5")
     compress(src, tmp_path / "plain.hdf5")

@@ -95,7 +95,11 @@ def test_d4rl_v2_rows_and_metadata_kept(real: dict[str, Path], tmp_path: Path) -
     inflate(small, back)
     for prefix in ("metadata", "infos"):
         want = _h5_objects(src, prefix)
-        assert _h5_objects(small, prefix) == want, prefix
+        got = _h5_objects(small, prefix)
+        # obsdelta's group is /metadata/obsdelta in a D4RL file with metadata: its only addition.
+        ours = {k for k in got if k == "metadata/obsdelta" or k.startswith("metadata/obsdelta/")}
+        assert bool(ours) == (prefix == "metadata")
+        assert {k: v for k, v in got.items() if k not in ours} == want, prefix
         assert _h5_objects(back, prefix) == want, prefix
     assert describe(back) == describe(src)
 
@@ -550,18 +554,47 @@ def test_robomimic_full_size_images_exact_near_the_floor(tmp_path: Path) -> None
     shutil.rmtree(tmp_path, ignore_errors=True)
 
 
+@pytest.mark.parametrize("codec", ["exact", "fp16"])
 @pytest.mark.parametrize("pack", [False, True], ids=["compressed", "packed"])
-def test_torchrl_d4rl_class_never_builds_another_cache(
-    real: dict[str, Path], tmp_path: Path, pack: bool
+def test_torchrl_d4rl_class_builds_the_same_cache(
+    real: dict[str, Path], tmp_path: Path, pack: bool, codec: str
 ) -> None:
-    """TorchRL's D4RLExperienceReplay takes every root object of a D4RL file for data,
-    obsdelta's own group included, and a compressed file has no ``next_observations``: on a
-    compressed or packed file it fails (the documented answer is ``inflate``, or compressing
-    TorchRL's cache instead), and never builds a cache that differs from the original's."""
+    """TorchRL's D4RLExperienceReplay takes every root object of a D4RL file for data and
+    sets ``metadata`` apart: obsdelta's group is ``/metadata/obsdelta`` there, its arrays
+    numbers (tensordict sizes no group of only opaque data), so TorchRL builds from a
+    compressed or packed file (hdf5plugin imported, for the packed filters) the cache it
+    builds from the original, leaf for leaf and bit for bit. TorchRL never reads
+    ``next_observations``: even ``fp16`` gives the same cache."""
+    pytest.importorskip("hdf5plugin")
+    import hdf5plugin  # noqa: F401 - the packed datasets' filter, for TorchRL's reads
+
     d4rl = tmp_path / "hopper.hdf5"
-    compress(real["d4rl"], d4rl, pack=pack)
-    with pytest.raises(Exception):  # noqa: B017 - TorchRL's own error, whichever it is
-        R.write_torchrl_d4rl_cache(d4rl, tmp_path / "d4rl-cache", DATASET_ID)
+    compress(real["d4rl"], d4rl, pack=pack, codec=codec)
+    with h5py.File(d4rl, "r") as f:
+        assert "obsdelta" not in f and "obsdelta" in f["metadata"]
+        found: list[str] = []
+        f.visit(lambda name: found.append(name) if name.startswith("metadata/obsdelta") else None)
+        assert found and not any(h5py.check_opaque_dtype(f[n].dtype) for n in found if _ds(f, n))
+    built = R.write_torchrl_d4rl_cache(d4rl, tmp_path / "d4rl-cache", DATASET_ID)
+    _same_cache(built, real["d4rl-cache"])
+    back = tmp_path / "back.hdf5"
+    inflate(d4rl, back)
+    assert describe(back) == describe(real["d4rl"])  # /metadata as it was, no obsdelta in it
+    if codec == "exact":
+        assert _h5_bytes(back) == _h5_bytes(real["d4rl"])
+
+
+def _same_cache(built: Path, original: Path) -> None:
+    """Two TorchRL caches (TED memmap folders) hold the same leaves, bit for bit."""
+    got, want = TensorDict.load_memmap(built), TensorDict.load_memmap(original)
+    assert got.batch_size == want.batch_size
+    assert set(got.keys(True, True)) == set(want.keys(True, True))
+    for key in want.keys(True, True):
+        assert torch.equal(got[key], want[key]), key
+
+
+def _ds(f: h5py.File, name: str) -> bool:
+    return isinstance(f[name], h5py.Dataset)
 
 
 def test_torchrl_minari_class_builds_the_same_cache_from_a_packed_file(
@@ -585,9 +618,4 @@ def test_torchrl_minari_class_builds_the_same_cache_from_a_packed_file(
     with h5py.File(main, "r") as f:
         assert all(name.startswith("episode_") for name in f), sorted(f)[-3:]
     built = R.write_torchrl_minari_cache(datasets, tmp_path / "minari-cache", MINARI_ID)
-    got = TensorDict.load_memmap(built)
-    want = TensorDict.load_memmap(minari_real["minari-cache"])
-    assert got.batch_size == want.batch_size
-    assert set(got.keys(True, True)) == set(want.keys(True, True))
-    for key in want.keys(True, True):
-        assert torch.equal(got[key], want[key]), key
+    _same_cache(built, minari_real["minari-cache"])

@@ -137,8 +137,9 @@ def test_verify_decodes_the_observations_of_a_packed_hdf5_file_once(
 def test_verify_damaged_hdf5(cli: Cli, tmp_path: Path) -> None:
     compress(SAMPLE / "hopper_d4rl.hdf5", tmp_path / "s.h5", codec="fp16")
     with h5py.File(tmp_path / "s.h5", "r+") as f:
-        f["obsdelta/delta/next_observations"][7, 3] += np.float16(0.5)
-    expect_error(cli, "verify", tmp_path / "s.h5", says=["obsdelta/delta/next_observations"])
+        f["metadata/obsdelta/delta/next_observations"][7, 3] += np.float16(0.5)
+    says = ["metadata/obsdelta/delta/next_observations"]
+    expect_error(cli, "verify", tmp_path / "s.h5", says=says)
 
 
 @pytest.mark.parametrize("filters", [{}, {"compression": "gzip"}, {"shuffle": True}])

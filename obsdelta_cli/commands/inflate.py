@@ -9,12 +9,12 @@ from ..checksum import Hasher
 from ..errors import InputError
 from ..formats import Key, LeafSpec, Plan, Sink, disk_size, key_str
 from ..formats.pack_leaves import is_packed
-from ..inputs import manifest_of, open_input, stream_for
+from ..inputs import check_leaves, manifest_of, open_input, stream_for
 from ..rebuild import StoredPair, stored_pairs
 from ..report import DatasetResult
 from ..stream import ahead
 from .common import DEFAULT_CHUNK_MB, one_thread, recorded_results, streamed_observations, write
-from .verify import check_leaves, check_objects, expect, expect_leaf, mismatch
+from .verify import check_objects, expect, expect_leaf, mismatch
 
 
 @one_thread

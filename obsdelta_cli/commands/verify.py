@@ -12,7 +12,8 @@ from ..checksum import Hasher
 from ..errors import DataError, ObsdeltaError
 from ..formats import Format, Key, Source, detect, disk_size, key_str
 from ..formats.hdf5_objects import is_replaced_twin
-from ..inputs import manifest_of, open_input, stream_for
+from ..formats.hdf5_walk import OWN
+from ..inputs import check_leaves, manifest_of, open_input, stream_for
 from ..manifest import HASH_ALGORITHM, Manifest
 from ..rebuild import StoredPair, stored_pairs
 from ..report import DatasetResult
@@ -111,9 +112,10 @@ def check_objects(
     known = {name: manifest.objects[name] for name in later if name in manifest.objects}
     skip = object_skip(deltas, lambda n: f"@{n}" in manifest.objects)
     hashes = fmt.object_hashes(source, skip, known, manifest.objects)
-    if not any(map(is_replaced_twin, manifest.objects)):
+    own = manifest.extra.get("own", OWN)
+    if not any(is_replaced_twin(name, own) for name in manifest.objects):
         # Written before the twins were hashed (the manifest's own hash says it was so).
-        hashes = {name: h for name, h in hashes.items() if not is_replaced_twin(name)}
+        hashes = {name: h for name, h in hashes.items() if not is_replaced_twin(name, own)}
     differing = manifest.object_differing(hashes)
     if differing is not None:
         name, recorded, seen = differing
@@ -121,24 +123,6 @@ def check_objects(
         if seen is None:
             what = "an object the metadata lists, now missing,"
         raise mismatch(source.path, name, what, recorded or "none", seen)
-
-
-def check_leaves(source: Source, manifest: Manifest) -> None:
-    """The source holds exactly the leaves the manifest describes: the original ones but the
-    rebuilt next observations, and the stored leaves. A leaf renamed, added or lost by damage
-    is never carried along unchecked."""
-    rebuilt = {r.next_key for r in manifest.keys}
-    expected = {k for k in manifest.leaf_order if k not in rebuilt}
-    expected |= {r.delta_key for r in manifest.keys if r.delta_key is not None}
-    found = set(source.leaves)
-    for key in sorted(found ^ expected):
-        what = "is not in the metadata" if key in found else "named in the metadata is missing"
-        raise DataError(
-            f"leaf {what}",
-            file=source.path,
-            key=key_str(key),
-            hint="the compressed dataset is damaged or was edited; restore it from a copy",
-        )
 
 
 def check_dataset(

@@ -33,19 +33,27 @@ from ..errors import InputError, UsageError, failed_write, write_error
 from ..filters import short_zstd_name
 from .base import Format, Key, LeafSpec, Plan, Sink, Source, key_str
 from .hdf5_copy import CopyRule, RawCopies, Relinks, copy_object, in_place
+from .hdf5_create import (
+    ALLOC_TIMES,
+    Groups,
+    create_dataset,
+    dcpl_like,
+    gcpl_like,
+    write_unstored,
+)
 from .hdf5_leaves import (
     BF16_ATTR,
     MAGIC,
     META_ATTR,
-    REPLACED_TWINS,
     H5Arrays,
     H5Leaf,
     copy_attrs,
     h5_dtype,
     leaf_dtype,
     leaves_of,
+    replaced_twins,
 )
-from .hdf5_meta import read_meta, write_meta
+from .hdf5_meta import own_of, read_meta, write_meta
 from .hdf5_objects import hash_objects, hash_objects_apart, header_bytes
 from .hdf5_safety import (
     check_contained,
@@ -54,7 +62,7 @@ from .hdf5_safety import (
     output_libver,
     written_here,
 )
-from .hdf5_walk import OWN, h5_file, object_at
+from .hdf5_walk import OWN, OWN_PLACES, h5_file, object_at
 
 hdf5plugin: Any
 try:  # registers Zstd, Blosc, LZ4, ... filters for reading and writing, when installed
@@ -95,69 +103,6 @@ def _open_checked(path: Path, **cache: int) -> tuple[h5py.File, bool]:
     except BaseException:
         f.close()
         raise
-
-
-def dcpl_like(src: h5py.h5p.PropDCID, same_dtype: bool) -> h5py.h5p.PropDCID:
-    """Creation properties (layout, chunks, filters, fill value) following ``src``'s; for another
-    dtype, the chunks and lossless filters only (a fill value or scale-offset is dtype-bound)."""
-    if same_dtype:
-        return src.copy()
-    new = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-    if src.get_layout() == h5py.h5d.CHUNKED:
-        new.set_chunk(src.get_chunk())
-        for i in range(src.get_nfilters()):
-            code, flags, values, _name = src.get_filter(i)
-            if code not in (h5py.h5z.FILTER_SCALEOFFSET, h5py.h5z.FILTER_NBIT):
-                new.set_filter(code, flags, values)
-    return new
-
-
-class Groups:
-    """``f.require_group(path)`` for a walk that writes dataset after dataset into a few
-    groups: the most recent :data:`KEPT` are kept, as h5py checks every part of the path each
-    time (200-260 µs a call: 7,000 calls packing a robomimic file of 1,000 demos).
-
-    >>> import tempfile
-    >>> with tempfile.TemporaryFile() as tmp, h5py.File(tmp, "w") as f:
-    ...     groups = Groups(f)
-    ...     groups("a/b/c") == f["a/b/c"], groups("a/b") is groups("a/b"), groups("") == f
-    (True, True, True)
-    """
-
-    #: Groups kept open at once.
-    KEPT = 16
-
-    def __init__(self, f: h5py.File) -> None:
-        self.f = f
-        self._kept: dict[str, h5py.Group] = {}
-
-    def __call__(self, path: str) -> h5py.Group:
-        group = self._kept.pop(path, None)
-        if group is None:
-            # A new group's parent was usually asked for just before (a demo's, then its
-            # observations'): one part of the path is checked, not all of them.
-            head, _, tail = path.rpartition("/")
-            group = self(head).require_group(tail) if path else self.f
-            if len(self._kept) >= self.KEPT:
-                del self._kept[next(iter(self._kept))]  # the least recently asked
-        self._kept[path] = group
-        return group
-
-
-def create_dataset(
-    group: h5py.Group,
-    name: str,
-    dtype: np.dtype,
-    shape: tuple[int, ...],
-    maxshape: tuple[int | None, ...],
-    dcpl: h5py.h5p.PropDCID,
-) -> h5py.Dataset:
-    # No modification times: the same input and flags give the same bytes.
-    dcpl.set_obj_track_times(False)
-    unlimited = tuple(h5py.h5s.UNLIMITED if m is None else m for m in maxshape)
-    space = h5py.h5s.create_simple(shape, unlimited)
-    tid = h5py.h5t.py_create(dtype, logical=True)
-    return h5py.Dataset(h5py.h5d.create(group.id, name.encode(), tid, space, dcpl=dcpl))
 
 
 def compression_kwargs(name: str) -> dict[str, Any]:
@@ -220,15 +165,17 @@ class HDF5Format(Format):
         f = open_h5(path)
         try:
             meta = read_meta(f, path)
-            if meta is None and OWN in f:
+            own = own_of(meta, path)
+            taken = [p for p in OWN_PLACES if p in f] if meta is None else []
+            if taken:
                 raise InputError(
-                    f"object /{OWN} is a name obsdelta writes itself, in a file obsdelta did not "
-                    f"write (it has no {META_ATTR} attribute)",
+                    f"object /{taken[0]} is a name obsdelta writes itself, in a file obsdelta "
+                    f"did not write (it has no {META_ATTR} attribute)",
                     file=path,
                     hint="rename it: obsdelta would leave it out of its output",
                 )
             unread: dict[Key, str] = {}
-            leaves = leaves_of(f, path, unread)
+            leaves = leaves_of(f, path, unread, own)
             batch_dims = self.infer_batch_dims(leaves, meta)
             if self.cache_bytes is not None:
                 for leaf in leaves.values():
@@ -241,8 +188,22 @@ class HDF5Format(Format):
         except BaseException:
             f.close()
             raise
-        arrays = H5Arrays(f, path)
-        return Source(path, leaves, batch_dims, meta, arrays=arrays, handle=f, unread=unread)
+        arrays = H5Arrays(f, path, own=own)
+        source = Source(path, leaves, batch_dims, meta, arrays=arrays, handle=f, unread=unread)
+        source.memo["own"] = own
+        return source
+
+    @classmethod
+    def own_place(cls, f: h5py.File) -> str:
+        """Where a compressed output of ``f`` keeps obsdelta's group (one of
+        :data:`OWN_PLACES`)."""
+        return OWN
+
+    def own_for(self, source: Source) -> str:
+        """Where obsdelta's group is in ``source`` (compressed), or will be in its compressed
+        output."""
+        own = source.memo.get("own", OWN)
+        return own if source.meta is not None else self.own_place(source.handle)
 
     def infer_batch_dims(self, leaves: dict[Key, Any], meta: dict[str, Any] | None) -> int:
         return self.batch_dims
@@ -269,6 +230,7 @@ class HDF5Format(Format):
     ) -> dict[str, str]:
         f: h5py.File = opened.handle
         file = Path(f.filename)
+        own = opened.memo.get("own", OWN)
         known = dict(known or {})
         hashing = hash_objects_apart  # a file read: damage may crash HDF5 (see there)
         if id(f) in _OUTPUT_FDS:  # an output being written: its raw chunks must be on disk
@@ -283,7 +245,7 @@ class HDF5Format(Format):
                 raise write_error(file, exc) from None
             hashing = hash_objects  # written by obsdelta in this process, not damaged
         try:
-            return hashing(f, file, skip, known, recorded)
+            return hashing(f, file, skip, known, recorded, own)
         except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
             raise InputError(
                 f"cannot read an object ({exc})", file=file, hint="the file is damaged"
@@ -327,14 +289,15 @@ class HDF5Format(Format):
         layouts = dict((source.meta or {}).get("hdf5_layouts") or {})
         new_layouts: dict[str, Any] = {}
         groups = Groups(out)
+        own = self.own_for(source)
         for key in plan.replaced:
             original = src[key_str(key)]
-            _keep_layout(groups, original)
+            _keep_layout(groups, original, own)
             alloc = original.id.get_create_plist().get_alloc_time()
             new_layouts[key_str(key)] = {"maxshape": list(original.maxshape), "alloc_time": alloc}
         # By path: each is let go once made (see in_place).
         made = {
-            k: self._new_dataset(src, groups, k, spec, kwargs, layouts).name
+            k: self._new_dataset(src, groups, k, spec, kwargs, layouts, own).name
             for k, spec in plan.new.items()
         }
         placed = in_place(out, [(name, plan.new[k].dtype) for k, name in made.items()], fd)
@@ -343,8 +306,10 @@ class HDF5Format(Format):
             for (k, name), leaf in zip(made.items(), placed, strict=True)
         }
         arrays_kwargs = kwargs if kwargs is not None else _arrays_kwargs(src, plan)
-        arrays = H5Arrays(out, path, arrays_kwargs)
-        extra = {"hdf5_layouts": new_layouts}
+        arrays = H5Arrays(out, path, arrays_kwargs, own)
+        extra: dict[str, Any] = {"hdf5_layouts": new_layouts}
+        if source.meta is None and own != OWN:
+            extra["own"] = own
         hashers: dict[Key, Hasher] = {}
         for key in plan.streamed:
             if key_str(key) in passed:
@@ -359,7 +324,7 @@ class HDF5Format(Format):
             handle=out,
             extra=extra,
             streamed=hashers,
-            memo={"uncached": uncached, "most_attrs": most_attrs(source.path)},
+            memo={"uncached": uncached, "most_attrs": most_attrs(source.path), "own": own},
         )
 
     def _new_dataset(
@@ -370,6 +335,7 @@ class HDF5Format(Format):
         spec: LeafSpec,
         kwargs: dict[str, Any] | None,
         layouts: dict[str, Any],
+        own: str,
     ) -> h5py.Dataset:
         path = key_str(key)
         parent, _, name = path.rpartition("/")
@@ -388,7 +354,7 @@ class HDF5Format(Format):
                     name, shape=spec.shape, dtype=dtype, chunks=chunks, track_times=False, **kwargs
                 )
         else:  # inflate: recreate the original from its recorded layout
-            layout = src.get(f"{REPLACED_TWINS}/{path}")
+            layout = src.get(f"{replaced_twins(own)}/{path}")
             if layout is None:
                 ds = group.create_dataset(name, shape=spec.shape, dtype=dtype, track_times=False)
             else:
@@ -514,7 +480,7 @@ def _is_plain(ds: h5py.Dataset) -> bool:
     )
 
 
-def _keep_layout(groups: Groups, original: h5py.Dataset) -> None:
+def _keep_layout(groups: Groups, original: h5py.Dataset, own: str) -> None:
     """A dataset with ``original``'s shape, dtype, creation properties and attributes that is
     never written, so it takes no storage; nothing for a plain dataset (``inflate`` recreates
     one from its shape and dtype). It has the batch shape, so readers that check every dataset
@@ -522,17 +488,8 @@ def _keep_layout(groups: Groups, original: h5py.Dataset) -> None:
     if _is_plain(original):
         return
     path = original.name.lstrip("/")
-    parent, _, name = f"{REPLACED_TWINS}/{path}".rpartition("/")
-    group = groups(parent)
-    dcpl = dcpl_like(original.id.get_create_plist(), True)
-    chunked = dcpl.get_layout() == h5py.h5d.CHUNKED
-    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_INCR if chunked else h5py.h5d.ALLOC_TIME_LATE)
-    layout = create_dataset(group, name, original.dtype, original.shape, original.maxshape, dcpl)
-    copy_attrs(original, layout)
-
-
-#: Allocation times HDF5 knows (a recorded one is restored on inflate).
-ALLOC_TIMES = (h5py.h5d.ALLOC_TIME_EARLY, h5py.h5d.ALLOC_TIME_LATE, h5py.h5d.ALLOC_TIME_INCR)
+    parent, _, name = f"{replaced_twins(own)}/{path}".rpartition("/")
+    copy_attrs(original, write_unstored(groups(parent), name, original))
 
 
 def _copy_rule(source: Source, order: Sequence[Key]) -> CopyRule:
@@ -540,6 +497,8 @@ def _copy_rule(source: Source, order: Sequence[Key]) -> CopyRule:
     the plan is made, and followed by the copy."""
     kept = set(order)
     dropped = {key_str(k) for k in source.leaves if k not in kept}
+    if source.meta is not None:  # a compressed input: its own group is not copied
+        dropped.add(source.memo.get("own", OWN))
     rules: dict[frozenset[str], CopyRule] = source.memo.setdefault("copy_rules", {})
     frozen = frozenset(dropped)
     if frozen not in rules:
@@ -566,15 +525,15 @@ def _copy_tree(
     for name in src:
         # The source's objects as its walk holds them open: items() would open each again.
         path = f"{prefix}/{name}" if prefix else name
-        obj = object_at(top, path) if path != OWN else None
-        if obj is None:  # obsdelta's own group, or a second hard link (walked by its first)
+        if path == OWN or path in rule.dropped:  # obsdelta's own group, a dataset dropped
+            continue
+        obj = object_at(top, path)
+        if obj is None:  # a second hard link (walked by its first)
             obj = src[name]
-        if path == OWN or path in rule.dropped or relinks.relinked(obj, dst, name):
+        if relinks.relinked(obj, dst, name):
             continue
         if isinstance(obj, h5py.Group) and rule.rewritten(obj):
-            group = h5py.Group(
-                h5py.h5g.create(dst.id, name.encode(), gcpl=obj.id.get_create_plist())
-            )
+            group = h5py.Group(h5py.h5g.create(dst.id, name.encode(), gcpl=gcpl_like(obj)))
             copy_attrs(obj, group)
             _copy_tree(obj, group, rule, copies, streamed, relinks, top=top)
             if not len(group) and not len(group.attrs) and len(obj):

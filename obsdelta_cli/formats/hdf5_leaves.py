@@ -31,9 +31,15 @@ from .leaf import FlatRows, LazyLeaf, map_private, read_exact
 
 MAGIC = b"\x89HDF\r\n\x1a\n"
 META_ATTR = "obsdelta"
-#: Empty datasets with the creation properties and attributes of each next-observation dataset
-#: a compressed HDF5 file replaced: ``inflate`` recreates the dataset from its twin.
-REPLACED_TWINS = f"{OWN}/layout"
+
+
+def replaced_twins(own: str = OWN) -> str:
+    """Where a compressed HDF5 file whose own group is ``own`` keeps an empty dataset with
+    the creation properties and attributes of each next-observation dataset it replaced:
+    ``inflate`` recreates the dataset from its twin."""
+    return f"{own}/layout"
+
+
 #: Attribute marking a uint16 dataset that holds bfloat16 bits (numpy has no bfloat16).
 BF16_ATTR = "obsdelta_dtype"
 #: Rows a filtered chunk spans at least for random reads to pay off its decode.
@@ -347,17 +353,20 @@ class OpaqueLeaf(LazyLeaf):
         self.ds[start : start + len(value)] = raw.view(self.ds.dtype).reshape(-1)
 
 
-def leaves_of(f: h5py.File, file: Path, unread: dict[Key, str] | None = None) -> dict[Key, Any]:
-    """Numeric datasets (not obsdelta's own arrays and layouts), keyed by their path; numbers
-    stored big-endian, which obsdelta does not read, go to ``unread`` with why."""
+def leaves_of(
+    f: h5py.File, file: Path, unread: dict[Key, str] | None = None, own: str = OWN
+) -> dict[Key, Any]:
+    """Numeric datasets (not the arrays and layouts of obsdelta's group ``own``), keyed by
+    their path; numbers stored big-endian, which obsdelta does not read, go to ``unread`` with
+    why."""
     out: dict[Key, Any] = {}
     reads = file_reads(f)
+    skipped = (f"{own}/arrays", f"{own}/layout")
+    inside = tuple(f"{s}/" for s in skipped)
     for name, obj in objects_of(f):
-        if not isinstance(obj, h5py.Dataset):
+        if not isinstance(obj, h5py.Dataset) or name in skipped or name.startswith(inside):
             continue
         parts = tuple(name.split("/"))
-        if parts[:2] in ((OWN, "arrays"), (OWN, "layout")):
-            continue
         dtype = obj.id.dtype
         if obj.id.rank and (leaf_dtype(dtype) is not None or is_bf16(obj)):
             out[parts] = H5Leaf(obj, file, reads, owner=f)
@@ -371,12 +380,20 @@ SMALL_ARRAY = 8 << 20
 
 
 class H5Arrays(ArrayStore):
-    """Exception rows in resizable datasets under ``/obsdelta/arrays``."""
+    """Exception rows in resizable datasets under ``arrays`` of obsdelta's group ``own``: in
+    ``/obsdelta``, opaque datasets of one element per row (:class:`OpaqueLeaf`), which tensor
+    readers of the file's root pass over; in ``/metadata/obsdelta``, where readers take
+    nothing for data, numbers of their own dtype and shape (tensordict cannot size a group of
+    only opaque datasets, and reads every group of a D4RL file, ``metadata`` included)."""
 
-    def __init__(self, f: h5py.File, file: Path, kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, f: h5py.File, file: Path, kwargs: dict[str, Any] | None = None, own: str = OWN
+    ) -> None:
         self.f = f
         self.file = file
         self.kwargs = kwargs or {}
+        self.group = f"{own}/arrays"
+        self.opaque = own == OWN
         # Arrays found and checked, by what was asked, in a file open read-only (where they
         # cannot change): the pairs of a key share two arrays, and each of a robomimic file's
         # hundreds of pairs asks for both.
@@ -385,9 +402,12 @@ class H5Arrays(ArrayStore):
         )
 
     def append(self, name: str, rows: np.ndarray) -> None:
-        group = self.f.require_group(f"{OWN}/arrays")
+        group = self.f.require_group(self.group)
         features = tuple(rows.shape[1:])
         row_bytes = max(1, math.prod(features) * rows.itemsize)
+        if not self.opaque and rows.dtype != BFLOAT16:
+            self._append_numbers(group, name, rows, row_bytes)
+            return
         if name not in group:
             # Exceptions are usually few: small chunks keep a handful of rows small on disk.
             chunk_rows = max(1, min(256, (1 << 14) // row_bytes))
@@ -406,8 +426,27 @@ class H5Arrays(ArrayStore):
         ds.resize(n + len(rows), axis=0)
         OpaqueLeaf(ds, self.file, rows.dtype, features).write(n, rows)
 
+    def _append_numbers(
+        self, group: h5py.Group, name: str, rows: np.ndarray, row_bytes: int
+    ) -> None:
+        if name not in group:
+            chunk_rows = max(1, min(256, (1 << 14) // row_bytes))
+            group.create_dataset(
+                name,
+                shape=(0, *rows.shape[1:]),
+                maxshape=(None, *rows.shape[1:]),
+                dtype=rows.dtype,
+                chunks=(chunk_rows, *rows.shape[1:]),
+                track_times=False,
+                **self.kwargs,
+            )
+        ds = group[name]
+        n = ds.shape[0]
+        ds.resize(n + len(rows), axis=0)
+        ds[n:] = rows
+
     def storage_bytes(self, name: str) -> int | None:
-        ds = self.f.get(f"{OWN}/arrays/{name}")
+        ds = self.f.get(f"{self.group}/{name}")
         return None if ds is None else int(ds.id.get_storage_size())
 
     def get(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
@@ -428,7 +467,7 @@ class H5Arrays(ArrayStore):
         # readers, and is not read here. Its value is a variable-length string, which HDF5
         # reads through a heap address: damaged, that crashed the process.
         try:
-            ds = self.f.get(f"{OWN}/arrays/{name}")
+            ds = self.f.get(f"{self.group}/{name}")
             opaque = isinstance(ds, h5py.Dataset) and h5py.check_opaque_dtype(ds.dtype)
         except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
             raise InputError(
@@ -441,8 +480,12 @@ class H5Arrays(ArrayStore):
             row_bytes = max(1, math.prod(features) * dtype.itemsize)
             if ds.shape == (shape[0],) and ds.dtype.itemsize == row_bytes:
                 return FlatRows(OpaqueLeaf(ds, self.file, dtype, features), 1)
-        elif isinstance(ds, h5py.Dataset) and tuple(ds.shape) == tuple(shape):
-            return FlatRows(H5Leaf(ds, self.file), 1)  # format 1: numeric arrays
+        elif (
+            isinstance(ds, h5py.Dataset)
+            and tuple(ds.shape) == tuple(shape)
+            and ds.dtype == h5_dtype(dtype)
+        ):  # numbers: format 1, and arrays in /metadata/obsdelta
+            return FlatRows(H5Leaf(ds, self.file), 1)
         raise InputError(
             f"array {name} is missing or not of shape {list(shape)} {dtype}",
             file=self.file,

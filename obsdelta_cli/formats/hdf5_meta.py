@@ -15,13 +15,21 @@ from ..errors import InputError
 from .apart import SILENCE_SECONDS, apart
 from .hdf5_leaves import META_ATTR
 from .hdf5_safety import Stamp, file_stamp
-from .hdf5_walk import OWN
+from .hdf5_walk import OWN, OWN_PLACES
 
-#: A manifest longer than this is stored zlib-compressed in the dataset ``/obsdelta/manifest``
-#: (one record per robomimic demo and key adds up), the root attribute then naming it: an HDF5
-#: attribute holds at most 64 KB.
+#: A manifest longer than this is stored zlib-compressed in the dataset ``manifest`` of
+#: obsdelta's group (one record per robomimic demo and key adds up), the root attribute then
+#: naming it: an HDF5 attribute holds at most 64 KB.
 PLAIN_META_BYTES = 1 << 15
-MANIFEST = f"{OWN}/manifest"
+
+
+def manifest_path(own: str = OWN) -> str:
+    """Where a file whose own group is ``own`` keeps a manifest too long for its attribute."""
+    return f"{own}/manifest"
+
+
+#: Every place a manifest dataset may be.
+MANIFESTS = tuple(manifest_path(own) for own in OWN_PLACES)
 #: Largest manifest read back: far beyond any obsdelta writes, so a crafted file cannot make
 #: reading it take more memory than this.
 MAX_META_BYTES = 1 << 28
@@ -43,16 +51,18 @@ def write_meta(
     of obsdelta's where a library takes every root object for its own (TorchRL's
     ``MinariExperienceReplay`` takes each for an episode)."""
     text = json.dumps(meta)  # ASCII: json escapes every other character
-    if len(text) > plain_bytes and in_attribute:
-        out.attrs.create(META_ATTR, np.frombuffer(zlib.compress(text.encode(), 6), np.uint8))
-        return
     if len(text) > plain_bytes:
         packed = np.frombuffer(zlib.compress(text.encode(), 6), dtype=np.uint8)
+        if in_attribute:
+            out.attrs.create(META_ATTR, packed)
+            return
+        own = meta.get("own", OWN)
+        name = manifest_path(own if own in OWN_PLACES else OWN)
         ds = out.create_dataset(
-            MANIFEST, shape=packed.shape, dtype=h5py.opaque_dtype(np.dtype("V1")), track_times=False
+            name, shape=packed.shape, dtype=h5py.opaque_dtype(np.dtype("V1")), track_times=False
         )
         ds[...] = packed.view(ds.dtype)
-        text = json.dumps({"manifest": MANIFEST})
+        text = json.dumps({"manifest": name})
     # A fixed-length string, held in the root group's header, not a variable-length one, held
     # in a global heap: HDF5 read a zeroed heap forever. Files written before keep the heap
     # (read within META_SECONDS); older obsdelta versions read this one as bytes.
@@ -120,7 +130,7 @@ def read_meta(f: h5py.File, file: Path) -> dict[str, Any] | None:
             raw = _inflated(text.encode("latin-1"))
         meta = json.loads(raw)
         if isinstance(meta, dict) and set(meta) == {"manifest"}:
-            meta = json.loads(_packed_manifest(f, file))
+            meta = json.loads(_packed_manifest(f, file, meta["manifest"]))
     except (TypeError, ValueError, KeyError, OSError, zlib.error):
         raise InputError(
             "the obsdelta metadata is not readable JSON", file=file, hint="damaged file"
@@ -144,9 +154,12 @@ def _stored_here(f: h5py.File, name: str) -> bool:
     return dcpl.get_layout() != h5py.h5d.VIRTUAL and not dcpl.get_external_count()
 
 
-def _packed_manifest(f: h5py.File, file: Path) -> bytes:
-    """The zlib-compressed manifest of ``/obsdelta/manifest``, its size checked first."""
-    ds = f.get(MANIFEST) if _stored_here(f, MANIFEST) else None
+def _packed_manifest(f: h5py.File, file: Path, name: Any) -> bytes:
+    """The zlib-compressed manifest of the dataset ``name`` (one of :data:`MANIFESTS`), its
+    size checked first."""
+    if name not in MANIFESTS:
+        raise ValueError(f"no manifest dataset at {name!r}")
+    ds = f.get(name) if _stored_here(f, name) else None
     if not isinstance(ds, h5py.Dataset) or ds.ndim != 1 or ds.dtype.itemsize != 1:
         raise ValueError("no manifest dataset")
     if ds.shape[0] > min(MAX_META_BYTES, file.stat().st_size):
@@ -161,3 +174,17 @@ def _inflated(packed: bytes) -> bytes:
     if inflater.unconsumed_tail:
         raise ValueError("manifest too long")
     return text
+
+
+def own_of(meta: dict[str, Any] | None, file: Path) -> str:
+    """Where obsdelta's group is in a file whose manifest is ``meta``: the place it names
+    (``own``), or ``/obsdelta`` (files written before it named one, and files that are not
+    obsdelta's)."""
+    own = OWN if meta is None else meta.get("own", OWN)
+    if own not in OWN_PLACES:
+        raise InputError(
+            f"the manifest places obsdelta's group at {own!r}, where obsdelta never writes it",
+            file=file,
+            hint="the file is damaged",
+        )
+    return str(own)

@@ -16,9 +16,9 @@ from h5py._objects import phil
 
 from .apart import SILENCE_SECONDS, apart, beat
 from .direct import PIECE, ColdReads
-from .hdf5_leaves import META_ATTR, REPLACED_TWINS
+from .hdf5_leaves import META_ATTR, replaced_twins
 from .hdf5_types import StoredType, space_anew, stored_type, type_anew
-from .hdf5_walk import OWN, objects_of
+from .hdf5_walk import OWN, objects_of, owned
 
 
 def hash_objects(
@@ -27,12 +27,13 @@ def hash_objects(
     skip: Callable[[str], bool],
     known: Mapping[str, str] | None = None,
     copied_from: Mapping[str, str] | None = None,
+    own: str = OWN,
 ) -> dict[str, str]:
     """xxh3-64 of every dataset as stored (creation properties and raw chunks, never
     decompressed) and of every object's attributes, for the objects ``skip`` keeps; ``known``
     gives the hashes of datasets already hashed as they were written. Of obsdelta's own
-    objects, the twins ``inflate`` recreates replaced datasets from are hashed too: their
-    creation properties and attributes become the output's.
+    objects (the group ``own``), the twins ``inflate`` recreates replaced datasets from are
+    hashed too: their creation properties and attributes become the output's.
 
     ``copied_from``: the hashes recorded in the file these objects were copied from, of
     another HDF5 format version (a packed file's). Objects copied there hold the same values,
@@ -46,10 +47,10 @@ def hash_objects(
     try:
         for name, obj in objects_of(f):
             beat()
-            own = name == OWN or name.startswith(f"{OWN}/")
-            if (own and not is_replaced_twin(name)) or skip(name):
+            ours = owned(name, own)
+            if (ours and not is_replaced_twin(name, own)) or skip(name):
                 continue
-            if isinstance(obj, h5py.Dataset) and own:
+            if isinstance(obj, h5py.Dataset) and ours:
                 out[name] = _twin_hash(obj)
             elif isinstance(obj, h5py.Dataset):
                 out[name] = known.get(name) or _raw_hash(obj, fd, cold)
@@ -65,13 +66,14 @@ def hash_objects(
     return out
 
 
-def is_replaced_twin(name: str) -> bool:
-    """Whether ``name`` is under :data:`~.hdf5_leaves.REPLACED_TWINS` (``@name`` included).
+def is_replaced_twin(name: str, own: str = OWN) -> bool:
+    """Whether ``name`` is under :func:`~.hdf5_leaves.replaced_twins` of obsdelta's group
+    ``own`` (``@name`` included).
 
     >>> is_replaced_twin("obsdelta/layout/next_observations"), is_replaced_twin("@obsdelta")
     (True, False)
     """
-    return name.lstrip("@").startswith(f"{REPLACED_TWINS}/")
+    return name.lstrip("@").startswith(f"{replaced_twins(own)}/")
 
 
 def hash_objects_apart(
@@ -80,11 +82,14 @@ def hash_objects_apart(
     skip: Callable[[str], bool],
     known: Mapping[str, str] | None = None,
     copied_from: Mapping[str, str] | None = None,
+    own: str = OWN,
 ) -> dict[str, str]:
     """:func:`hash_objects` in a forked child (:mod:`.apart`): hashing reads every object's
     attributes, and a damaged one can crash HDF5 itself, or make it loop. The child is given
     :data:`~.apart.SILENCE_SECONDS` between signs of progress, however long the whole takes."""
-    return apart(lambda: hash_objects(f, file, skip, known, copied_from), timeout=SILENCE_SECONDS)
+    return apart(
+        lambda: hash_objects(f, file, skip, known, copied_from, own), timeout=SILENCE_SECONDS
+    )
 
 
 def _attrs_hash_as(obj: Any, recorded: str | None, exclude: str | None = None) -> str:

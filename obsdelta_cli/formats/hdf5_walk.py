@@ -19,11 +19,37 @@ from h5py._objects import phil
 from ..errors import FileChangedError
 from .direct import ColdReads
 
+#: obsdelta's own group (exception rows, layouts, packing): ``/obsdelta``, or in a D4RL file
+#: with a ``metadata`` group, :data:`OWN_IN_METADATA`. A file's manifest names the place it uses
+#: (``own``), and every reader takes it from there.
 OWN = "obsdelta"
-#: A packed file's empty twins of its repacked datasets (their original creation properties),
-#: one per dataset: read by path when a dataset is unpacked, and left out of walks, which open
-#: what they list (HDF5 holds about 13 KB for each open dataset).
-LAYOUT_TWINS = f"{OWN}/pack/layout"
+#: D4RL readers take every root object of the file for data and set ``metadata/`` apart
+#: (TorchRL's ``D4RLExperienceReplay`` among them): there, obsdelta's group is no data of theirs.
+OWN_IN_METADATA = f"metadata/{OWN}"
+#: Every place obsdelta's group may be.
+OWN_PLACES = (OWN, OWN_IN_METADATA)
+
+
+def layout_twins(own: str = OWN) -> str:
+    """Where a packed file whose own group is ``own`` keeps the empty twins of its repacked
+    datasets (their original creation properties), one per dataset: read by path when a
+    dataset is unpacked, and left out of walks, which open what they list (HDF5 holds about
+    13 KB for each open dataset)."""
+    return f"{own}/pack/layout"
+
+
+def owned(name: str, own: str = OWN) -> bool:
+    """Whether the object at ``name`` (no leading slash) is in obsdelta's group ``own``.
+
+    >>> owned("metadata/obsdelta/arrays/k0.rows", OWN_IN_METADATA), owned("obsdelta2", OWN)
+    (True, False)
+    """
+    return name == own or name.startswith(f"{own}/")
+
+
+def own_key(own: str = OWN) -> tuple[str, ...]:
+    """``own`` as a leaf key's leading parts."""
+    return tuple(own.split("/"))
 
 
 class FileReads:
@@ -219,7 +245,7 @@ def file_reads(f: h5py.File) -> FileReads:
 
 def objects_of(f: h5py.File) -> Iterable[tuple[str, Any]]:
     """Every object below the root (groups and datasets, as h5py objects) but
-    :data:`LAYOUT_TWINS`, by path, in the order ``visititems`` visits them. Each is opened as
+    :func:`layout_twins`, by path, in the order ``visititems`` visits them. Each is opened as
     the walk reaches it, and not held by the walk: HDF5 holds about 12.5 KB for each open
     object, and a robomimic file of 2,000 demos has 34,000. A file open read-only is walked
     once, its objects held open up to :data:`HELD` of them (:class:`Held`): its objects
@@ -234,12 +260,14 @@ def object_at(f: h5py.File, path: str) -> Any:
 
 
 def _names(f: h5py.File) -> list[bytes]:
-    """The names ``f.visititems`` visits, but those of :data:`LAYOUT_TWINS`."""
+    """The names ``f.visititems`` visits, but those of :func:`layout_twins` (of each place
+    obsdelta's group may be: both are names obsdelta keeps for itself)."""
     names: list[bytes] = []
     with phil:
         h5py.h5o.visit(f.id, names.append)
-    twins = LAYOUT_TWINS.encode()
-    return [raw for raw in names if not (raw == twins or raw.startswith(twins + b"/"))]
+    twins = tuple(layout_twins(own).encode() for own in OWN_PLACES)
+    inside = tuple(t + b"/" for t in twins)
+    return [raw for raw in names if not (raw in twins or raw.startswith(inside))]
 
 
 def _visit(f: h5py.File) -> Iterator[tuple[str, Any]]:

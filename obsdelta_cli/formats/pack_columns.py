@@ -4,9 +4,9 @@ D4RL files keep the simulator state beside the observations built from it: in th
 datasets, ``observations`` is ``concat(qpos[1:], qvel)`` in float32, and ``infos/qpos`` and
 ``infos/qvel`` hold the same numbers again. When packing an HDF5 inner, each dataset of 2-D rows
 whose columns equal, on every row, columns of another dataset of the same dtype and row count
-stores only its other columns, in ``/obsdelta/pack/columns/<path>``; the dataset itself becomes
-an HDF5 virtual dataset whose mapped blocks point at those columns and at the repeated ones,
-all in the same file (source file ``"."``). Plain h5py reads it like any dataset.
+stores only its other columns, in ``pack/columns/<path>`` of obsdelta's group; the dataset
+itself becomes an HDF5 virtual dataset whose mapped blocks point at those columns and at the
+repeated ones, all in the same file (source file ``"."``). Plain h5py reads it like any dataset.
 
 The manifest's ``pack`` entry of such a dataset lists its blocks (``columns``: ``[start, stop,
 source, source_start]``, the source a dataset path); obsdelta's own reader
@@ -28,10 +28,17 @@ import xxhash
 
 from ..filters import MIN_PACK_BYTES, sample_rows
 from .hdf5_safety import VirtualMap, damaged_pack
-from .hdf5_walk import OWN
+from .hdf5_walk import OWN, OWN_PLACES
 
-#: The columns a deduplicated dataset keeps of its own, at ``<COLUMNS>/<path>``.
-COLUMNS = f"{OWN}/pack/columns"
+
+def columns_root(own: str = OWN) -> str:
+    """Where the columns deduplicated datasets keep of their own are, at ``<root>/<path>``, in
+    a file whose obsdelta group is ``own``."""
+    return f"{own}/pack/columns"
+
+
+#: Where kept columns may be: under :func:`columns_root` of each place obsdelta's group may be.
+KEPT_ROOTS = tuple(f"{columns_root(own)}/" for own in OWN_PLACES)
 #: A virtual dataset's source file name meaning "this file".
 SAME_FILE = "."
 #: Rows of each sampled stretch the first, cheap comparison looks at (up to four stretches).
@@ -47,7 +54,7 @@ Block = list[Any]
 @dataclass
 class Shared:
     """How a dataset is stored: its blocks of columns (those it keeps mapped to its own dataset
-    under :data:`COLUMNS`), the columns of each source, and the hash of its values."""
+    under :func:`columns_root`), the columns of each source, and the hash of its values."""
 
     blocks: list[Block]
     kept: list[int]
@@ -55,9 +62,9 @@ class Shared:
     values: str
 
 
-def kept_path(path: str) -> str:
+def kept_path(path: str, own: str = OWN) -> str:
     """Where the columns a deduplicated dataset keeps are stored."""
-    return f"{COLUMNS}/{path}"
+    return f"{columns_root(own)}/{path}"
 
 
 def _unsigned(a: np.ndarray) -> np.ndarray:
@@ -66,7 +73,7 @@ def _unsigned(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).view(f"u{a.dtype.itemsize}")
 
 
-def plan_columns(datasets: dict[str, h5py.Dataset]) -> dict[str, Shared]:
+def plan_columns(datasets: dict[str, h5py.Dataset], own: str = OWN) -> dict[str, Shared]:
     """The datasets among ``datasets`` (about to be repacked) that repeat columns of others,
     with their blocks; the others are stored as they are."""
     groups: dict[tuple[str, int], list[str]] = {}
@@ -76,11 +83,11 @@ def plan_columns(datasets: dict[str, h5py.Dataset]) -> dict[str, Shared]:
     plans: dict[str, Shared] = {}
     for paths in groups.values():
         if len(paths) > 1:
-            plans.update(_plan_group({p: datasets[p] for p in paths}))
+            plans.update(_plan_group({p: datasets[p] for p in paths}, own))
     return plans
 
 
-def _plan_group(datasets: dict[str, h5py.Dataset]) -> dict[str, Shared]:
+def _plan_group(datasets: dict[str, h5py.Dataset], own: str) -> dict[str, Shared]:
     """Datasets of one dtype and row count: a cheap comparison of sampled rows first, then of
     every row for the columns that matched."""
     first = next(iter(datasets.values()))
@@ -110,9 +117,9 @@ def _plan_group(datasets: dict[str, h5py.Dataset]) -> dict[str, Shared]:
     plans: dict[str, Shared] = {}
     for path, found in wanted.items():
         if len(found) * rows * itemsize >= MIN_PACK_BYTES:
-            blocks, kept = _blocks(path, found, datasets[path].shape[1])
+            blocks, kept = _blocks(path, found, datasets[path].shape[1], own)
             widths = {b[2]: datasets[b[2]].shape[1] for b in blocks if b[2] in datasets}
-            widths[kept_path(path)] = len(kept)
+            widths[kept_path(path, own)] = len(kept)
             plans[path] = Shared(blocks, kept, widths, hashes[path])
     return plans
 
@@ -145,7 +152,7 @@ def _confirm(
 
 
 def _blocks(
-    path: str, found: dict[int, list[tuple[str, int]]], width: int
+    path: str, found: dict[int, list[tuple[str, int]]], width: int, own: str
 ) -> tuple[list[Block], list[int]]:
     """Adjacent columns from consecutive columns of one source merged into one block; the
     columns found nowhere else map to the dataset's own kept columns."""
@@ -155,7 +162,7 @@ def _blocks(
         options = found.get(j)
         last = blocks[-1] if blocks else None
         if not options:
-            source, col = kept_path(path), len(kept)
+            source, col = kept_path(path, own), len(kept)
             kept.append(j)
         else:
             source, col = options[0]

@@ -42,7 +42,8 @@ import xxhash
 from ..arrays import BFLOAT16
 from ..errors import UsageError
 from .base import Key
-from .hdf5 import Groups, copy_attrs, create_dataset, dcpl_like
+from .hdf5 import copy_attrs
+from .hdf5_create import Groups, write_unstored
 from .hdf5_leaves import is_bf16, leaf_dtype, leaves_of
 from .hdf5_safety import check_contained, damaged_pack
 from .hdf5_walk import OWN, h5_file, object_at, objects_of
@@ -155,15 +156,12 @@ def _values_hash(ds: h5py.Dataset) -> str:
 def _twin(ds: h5py.Dataset, dst: h5py.Group, name: str) -> None:
     """``ds`` without its values: its creation properties, shape and attributes, never
     written, so taking no storage."""
-    dcpl = dcpl_like(ds.id.get_create_plist(), True)
-    chunked = dcpl.get_layout() == h5py.h5d.CHUNKED
-    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_INCR if chunked else h5py.h5d.ALLOC_TIME_LATE)
-    twin = create_dataset(dst, name, ds.dtype, ds.shape, ds.maxshape, dcpl)
-    copy_attrs(ds, twin)
+    copy_attrs(ds, write_unstored(dst, name, ds))
 
 
-def _skeleton(src: h5py.File, members: set[str]) -> bytes:
-    """The bytes of an HDF5 file holding ``src`` but its manifest, each of ``members`` a twin."""
+def _skeleton(src: h5py.File, members: set[str], own: str) -> bytes:
+    """The bytes of an HDF5 file holding ``src`` (whose obsdelta group is ``own``) but its
+    manifest, each of ``members`` a twin."""
     f = h5py.File(
         f"skeleton-{os.getpid()}-{id(src)}",
         "w",
@@ -172,21 +170,24 @@ def _skeleton(src: h5py.File, members: set[str]) -> bytes:
         libver=src.libver,
     )
     try:
-        copy_structure(src, f, members, lambda ds, dst, name, _path: _twin(ds, dst, name))
-        if OWN in f and not len(f[OWN]):
-            del f[OWN]
+        twin = lambda ds, dst, name, _path: _twin(ds, dst, name)  # noqa: E731
+        copy_structure(src, f, members, twin, own)
+        if own in f and not len(f[own]):
+            del f[own]
         f.flush()
         return bytes(f.id.get_file_image())
     finally:
         f.close()
 
 
-def pack_flat(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, Any]:
-    """Write the families of the HDF5 inner ``src`` into the packed file ``out``, and its
-    skeleton; return the manifest's ``pack`` entry."""
+def pack_flat(src: h5py.File, out: h5py.File, chooser: Chooser, own: str = OWN) -> dict[str, Any]:
+    """Write the families of the HDF5 inner ``src`` (whose obsdelta group is ``own``) into the
+    packed file ``out``, and its skeleton; return the manifest's ``pack`` entry. The families
+    and the skeleton are under ``/obsdelta/pack`` whatever ``own`` is: only obsdelta reads a
+    flat file."""
     families: dict[tuple[str, str, tuple[int, ...]], list[tuple[str, h5py.Dataset]]] = {}
     for path, obj in objects_of(src):
-        if isinstance(obj, h5py.Dataset) and _repacked(obj, path, flat=True):
+        if isinstance(obj, h5py.Dataset) and _repacked(obj, path, own, flat=True):
             families.setdefault(family_of(path, obj), []).append((path, obj))
     columns: dict[str, Concat] = {}
     names: dict[str, list[str]] = {}
@@ -212,7 +213,7 @@ def pack_flat(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, Any
             writer = DatasetWriter(group, leaf, column, read, concat.shape, concat.dtype, chooser)
             entry = writer.fill()
         else:
-            entry = _write_kept(concat, column, groups, chooser, plan)
+            entry = _write_kept(concat, column, groups, chooser, plan, OWN)
             write_virtual(group, leaf, concat, plan)
         index = len(flat)
         flat.append({**entry, "path": column, "members": names[column]})
@@ -227,7 +228,7 @@ def pack_flat(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, Any
             if absent is not None:
                 member["absent"] = absent
             datasets[path] = member
-    image = _skeleton(src, set(datasets))
+    image = _skeleton(src, set(datasets), own)
     write_bytes(out, SKELETON, image)
     return {
         "kind": "hdf5",
@@ -279,8 +280,11 @@ class Flat:
     """The families of an opened flat packed file: their datasets (each opened once), the
     skeleton extracted to a private temporary file, and each member's leaf."""
 
-    def __init__(self, f: h5py.File, file: Path, info: dict[str, Any], cache_bytes: int) -> None:
-        self.f, self.file, self.info = f, file, info
+    def __init__(
+        self, f: h5py.File, file: Path, info: dict[str, Any], cache_bytes: int, own: str = OWN
+    ) -> None:
+        """``own``: where the skeleton (the inner file) keeps obsdelta's group."""
+        self.f, self.file, self.info, self.own = f, file, info, own
         self.cache_bytes = cache_bytes
         self.skeleton_path = _extract(f, file, info)
         # Deleted when closed, or else when this object goes (open_dataset's users need not
@@ -366,7 +370,7 @@ class Flat:
 
     def leaves(self, s: h5py.File) -> dict[Key, Any]:
         """The skeleton's leaves, each member read from its family."""
-        out = leaves_of(s, self.file)
+        out = leaves_of(s, self.file, own=self.own)
         for key in list(out):
             path = "/".join(key)
             if path in self.starts:

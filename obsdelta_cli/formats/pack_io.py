@@ -21,20 +21,13 @@ from ..errors import InputError, UsageError
 from ..filters import MIN_PACK_BYTES, minimal_headers
 from ..manifest import Manifest
 from .base import SIDECAR, Key, Source, key_str
-from .hdf5 import (
-    Groups,
-    closed_on_failure,
-    copy_attrs,
-    create_dataset,
-    dcpl_like,
-    finish_output,
-    new_output,
-)
+from .hdf5 import closed_on_failure, copy_attrs, finish_output, new_output
 from .hdf5_copy import Relinks, copy_anew, copy_object
+from .hdf5_create import Groups, gcpl_like, write_unstored
 from .hdf5_leaves import META_ATTR, leaf_dtype
-from .hdf5_meta import MANIFEST
+from .hdf5_meta import manifest_path
 from .hdf5_safety import damaged_pack, scale_offset
-from .hdf5_walk import LAYOUT_TWINS, OWN, objects_of
+from .hdf5_walk import OWN, layout_twins, objects_of
 from .leaf import FileLeaf
 from .pack_columns import Shared, kept_path, plan_columns, write_virtual
 from .pack_leaves import (
@@ -110,8 +103,7 @@ def group_like(src: h5py.Group, dst: h5py.Group, name: str) -> h5py.Group:
     if name in dst:
         group = dst[name]
     else:
-        gcpl = src.id.get_create_plist()
-        group = h5py.Group(h5py.h5g.create(dst.id, name.encode(), gcpl=gcpl))
+        group = h5py.Group(h5py.h5g.create(dst.id, name.encode(), gcpl=gcpl_like(src)))
     copy_attrs(src, group)
     return group
 
@@ -165,10 +157,12 @@ def copy_structure(
     out: h5py.File,
     rewritten: Container[str],
     rewrite: Callable[[h5py.Dataset, h5py.Group, str, str], None],
+    own: str = OWN,
 ) -> None:
-    """Copy ``src`` into ``out`` object for object but its manifest (the packed one holds
-    it), with its root attributes; each dataset whose path is in ``rewritten`` is given to
-    ``rewrite(dataset, parent in out, name, path)`` instead."""
+    """Copy ``src`` (whose obsdelta group is ``own``) into ``out`` object for object but its
+    manifest (the packed one holds it), with its root attributes; each dataset whose path is
+    in ``rewritten`` is given to ``rewrite(dataset, parent in out, name, path)`` instead."""
+    manifest = manifest_path(own)
     copy_attrs(src, out, exclude=META_ATTR)  # with their stored types, as every other object's
     relinks = Relinks()
 
@@ -178,10 +172,10 @@ def copy_structure(
         for name, obj in list(group.items()):
             path = obj.name.lstrip("/")
             # A second link to an object copied already links to its copy.
-            if path == MANIFEST or relinks.relinked(obj, dst, name):
+            if path == manifest or relinks.relinked(obj, dst, name):
                 continue
             if isinstance(obj, h5py.Group):
-                if path == OWN and all(f"{OWN}/{n}" == MANIFEST for n in obj):
+                if path == own and all(f"{own}/{n}" == manifest for n in obj):
                     # Only the manifest, which the packed one holds: no group left empty,
                     # where libraries take every root object for their own (Minari).
                     continue
@@ -194,18 +188,20 @@ def copy_structure(
     walk(src, out)
 
 
-def pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, Any]:
+def pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser, own: str = OWN) -> dict[str, Any]:
+    """Pack the compressed HDF5 file ``src``, whose obsdelta group is ``own``, into ``out``;
+    return the manifest's ``pack`` entry."""
     datasets: dict[str, Any] = {}
     repacked: dict[str, h5py.Dataset] = {}
     arrays: set[str] = set()
     for name, obj in objects_of(src):  # one walk sorts the datasets rewritten either way
         if not isinstance(obj, h5py.Dataset):
             continue
-        if _array_rewritten(obj, name):
+        if _array_rewritten(obj, name, own):
             arrays.add(name)
-        elif _repacked(obj, name):
+        elif _repacked(obj, name, own):
             repacked[name] = obj
-    shared = plan_columns(repacked)
+    shared = plan_columns(repacked, own)
     groups = Groups(out)
     props = PropsCheck(src.libver)
 
@@ -213,46 +209,47 @@ def pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser) -> dict[str, Any
         if path in arrays:
             copy_anew(ds, dst, name)
         else:
-            datasets[path] = _repack(ds, dst, name, path, groups, chooser, shared.get(path))
-            props.add(path, ds)
+            dcpl = ds.id.get_create_plist()
+            entry = _repack(ds, dst, name, path, groups, chooser, shared.get(path), own)
+            entry["alloc_time"] = dcpl.get_alloc_time()
+            datasets[path] = entry
+            props.add(path, ds, dcpl)
 
-    copy_structure(src, out, repacked.keys() | arrays, rewrite)
+    copy_structure(src, out, repacked.keys() | arrays, rewrite, own)
     recorded = props.run()
     for path, entry in datasets.items():
         if path in recorded:
             entry["props"] = recorded[path]
         else:
-            _write_twin(repacked[path], path, groups)
+            _write_twin(repacked[path], path, groups, own)
     return {"kind": "hdf5", "libver": list(src.libver), "datasets": datasets}
 
 
-def _write_twin(ds: h5py.Dataset, path: str, groups: Groups) -> None:
+def _write_twin(ds: h5py.Dataset, path: str, groups: Groups, own: str) -> None:
     """The twin of a repacked dataset whose creation properties no record gives back
     (:mod:`.pack_props`): an empty dataset with its original creation properties, never
-    written, so taking no storage, at its path under :data:`LAYOUT_TWINS`."""
-    parent, _, leaf = f"{LAYOUT_TWINS}/{path}".rpartition("/")
-    dcpl = dcpl_like(ds.id.get_create_plist(), True)
-    chunked = dcpl.get_layout() == h5py.h5d.CHUNKED
-    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_INCR if chunked else h5py.h5d.ALLOC_TIME_LATE)
-    create_dataset(groups(parent), leaf, ds.dtype, ds.shape, ds.maxshape, dcpl)
+    written, so taking no storage, at its path under :func:`~.hdf5_walk.layout_twins`."""
+    parent, _, leaf = f"{layout_twins(own)}/{path}".rpartition("/")
+    write_unstored(groups(parent), leaf, ds)
 
 
-def _array_rewritten(ds: h5py.Dataset, path: str) -> bool:
+def _array_rewritten(ds: h5py.Dataset, path: str, own: str) -> bool:
     """Whether a dataset of an HDF5 inner is one of obsdelta's exception arrays (index or rows)
     whose chunk index is heavy (:func:`_heavy_index`): the packed file writes it anew, with
     its creation properties (chunks, maximum shape, filters), where HDF5's copy would keep a
     version-1 B-tree of 2 KB however few its rows. Its values are checked by their recorded
     hashes, whatever its layout."""
-    own = path.split("/")[:2] == [OWN, "arrays"]
-    return own and _heavy_index(ds, ds.id.get_create_plist().get_layout())
+    ours = path.startswith(f"{own}/arrays/")
+    return ours and _heavy_index(ds, ds.id.get_create_plist().get_layout())
 
 
-def _repacked(ds: h5py.Dataset, path: str, flat: bool = False) -> bool:
-    """Whether a dataset of an HDF5 inner is repacked (filtered, with its layout twin); not
+def _repacked(ds: h5py.Dataset, path: str, own: str, flat: bool = False) -> bool:
+    """Whether a dataset of an HDF5 inner is repacked (filtered, its creation properties
+    recorded or kept in a twin: :mod:`.pack_props`); not
     obsdelta's exception rows and layouts, which are copied or written anew as they are
     (:func:`_array_rewritten`)."""
-    own = path.split("/")[:2] in ([OWN, "arrays"], [OWN, "layout"])
-    return _repackable(ds, flat) and not own
+    ours = path.startswith((f"{own}/arrays/", f"{own}/layout/"))
+    return _repackable(ds, flat) and not ours
 
 
 def _repack(
@@ -263,6 +260,7 @@ def _repack(
     groups: Groups,
     chooser: Chooser,
     shared: Shared | None,
+    own: str,
 ) -> dict[str, Any]:
     if shared is None:
 
@@ -271,10 +269,9 @@ def _repack(
 
         entry = DatasetWriter(dst, name, path, read, ds.shape, ds.dtype, chooser).fill()
     else:
-        entry = _write_kept(ds, path, groups, chooser, shared)
+        entry = _write_kept(ds, path, groups, chooser, shared, own)
         write_virtual(dst, name, ds, shared)
     copy_attrs(ds, dst[name])
-    entry["alloc_time"] = ds.id.get_create_plist().get_alloc_time()
     absent = _absent_chunks(ds)
     if absent is not None:
         entry["absent"] = absent
@@ -282,7 +279,7 @@ def _repack(
 
 
 def _write_kept(
-    ds: h5py.Dataset, path: str, groups: Groups, chooser: Chooser, shared: Shared
+    ds: h5py.Dataset, path: str, groups: Groups, chooser: Chooser, shared: Shared, own: str
 ) -> dict[str, Any]:
     """A dataset whose columns repeat others': the columns it keeps, in their own dataset (the
     dataset itself is virtual, mapping those and the repeated ones)."""
@@ -293,10 +290,11 @@ def _write_kept(
         def read(start: int, stop: int) -> np.ndarray:
             return np.asarray(ds[start:stop])[:, kept]
 
-        parent, _, leaf = kept_path(path).rpartition("/")
+        where = kept_path(path, own)
+        parent, _, leaf = where.rpartition("/")
         shape = (ds.shape[0], len(kept))
-        own = DatasetWriter(groups(parent), leaf, kept_path(path), read, shape, ds.dtype, chooser)
-        written = own.fill()
+        writer = DatasetWriter(groups(parent), leaf, where, read, shape, ds.dtype, chooser)
+        written = writer.fill()
         entry.update(filter=written["filter"], chunk_rows=written["chunk_rows"])
     return entry
 

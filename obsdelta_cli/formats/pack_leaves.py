@@ -25,7 +25,7 @@ from .hdf5_meta import read_meta
 from .hdf5_safety import Allowed, VirtualMap, damaged_pack
 from .hdf5_walk import OWN, FileReads, file_reads, h5_file, object_at
 from .leaf import LazyLeaf
-from .pack_columns import COLUMNS, Block, expected_maps, parse_blocks
+from .pack_columns import KEPT_ROOTS, Block, expected_maps, parse_blocks
 
 NAME = "packed-hdf5"
 PACK = f"{OWN}/pack"
@@ -229,7 +229,7 @@ class ColumnsLeaf(LazyLeaf):
 
     def storage_bytes(self) -> int:
         """The bytes of the columns kept: the others are counted with their source."""
-        own = [d for p, d in self.sources.items() if p.startswith(f"{COLUMNS}/")]
+        own = [d for p, d in self.sources.items() if p.startswith(KEPT_ROOTS)]
         return sum(int(d.id.get_storage_size()) for d in own)
 
     def write(self, start: int, value: np.ndarray) -> None:

@@ -31,13 +31,14 @@ from typing import Any
 import h5py
 import numpy as np
 
-from .hdf5 import ALLOC_TIMES, create_dataset, dcpl_like
+from .hdf5_create import ALLOC_TIMES, create_dataset, dcpl_like, unstored
 
 
-def record_of(ds: h5py.Dataset) -> dict[str, Any]:
-    """The creation properties of ``ds`` as JSON values (its shape and dtype are the packed
-    dataset's: not recorded)."""
-    dcpl = ds.id.get_create_plist()
+def record_of(ds: h5py.Dataset, dcpl: h5py.h5p.PropDCID | None = None) -> dict[str, Any]:
+    """The creation properties of ``ds`` (``dcpl`` when given) as JSON values. Its shape and
+    dtype are the packed dataset's, and its allocation time is the manifest entry's: not
+    recorded."""
+    dcpl = ds.id.get_create_plist() if dcpl is None else dcpl
     out: dict[str, Any] = {"layout": dcpl.get_layout()}
     if out["layout"] == h5py.h5d.CHUNKED:
         out["chunks"] = list(dcpl.get_chunk())
@@ -51,7 +52,6 @@ def record_of(ds: h5py.Dataset) -> dict[str, Any]:
         dcpl.get_fill_value(value)
         out["fill_value"] = value.tobytes().hex()
     out["fill_time"] = dcpl.get_fill_time()
-    out["alloc_time"] = dcpl.get_alloc_time()
     out["attr_order"] = dcpl.get_attr_creation_order()
     out["attr_phase"] = list(dcpl.get_attr_phase_change())
     out["maxshape"] = [None if m is None else int(m) for m in ds.maxshape]
@@ -72,7 +72,7 @@ def props_of(record: dict[str, Any], dtype: np.dtype) -> h5py.h5p.PropDCID:
         value = np.frombuffer(bytes.fromhex(record["fill_value"]), dtype=dtype)
         dcpl.set_fill_value(value.copy())
     dcpl.set_fill_time(int(record["fill_time"]))
-    if record["alloc_time"] in ALLOC_TIMES:
+    if record.get("alloc_time") in ALLOC_TIMES:  # files packed before it moved to the entry
         dcpl.set_alloc_time(int(record["alloc_time"]))
     dcpl.set_attr_creation_order(int(record["attr_order"]))
     dcpl.set_attr_phase_change(*(int(v) for v in record["attr_phase"]))
@@ -104,10 +104,11 @@ class PropsCheck:
         #: Per path: its record and the dataset checked for it (kind, index).
         self._asked: dict[str, tuple[dict[str, Any], tuple[str, str, int], int]] = {}
 
-    def add(self, path: str, ds: h5py.Dataset) -> None:
-        """Ask for the record of ``ds``, a dataset of the input at ``path``."""
-        record = record_of(ds)
-        dcpl = ds.id.get_create_plist()
+    def add(self, path: str, ds: h5py.Dataset, dcpl: h5py.h5p.PropDCID | None = None) -> None:
+        """Ask for the record of ``ds``, a dataset of the input at ``path`` (``dcpl``: its
+        creation properties, when the caller has them)."""
+        dcpl = ds.id.get_create_plist() if dcpl is None else dcpl
+        record = record_of(ds, dcpl)
         kind = (json.dumps({**record, "maxshape": None}), ds.dtype.str, ds.ndim)
         checked = self._kinds.setdefault(kind, [])
         found = next((i for i, seen in enumerate(checked) if seen[0].equal(dcpl)), None)
@@ -126,12 +127,8 @@ class PropsCheck:
             for kind, checked in self._kinds.items():
                 for i, (dcpl, dtype, shape, maxshape, record) in enumerate(checked):
                     n = names[kind, i] = len(names)
-                    made = props_of(record, dtype), twin_props(dcpl)
-                    for props in made:  # no storage: unpacking sets the time from the manifest
-                        late = props.get_layout() != h5py.h5d.CHUNKED
-                        props.set_alloc_time(
-                            h5py.h5d.ALLOC_TIME_LATE if late else h5py.h5d.ALLOC_TIME_INCR
-                        )
+                    # No storage: unpacking sets the time from the manifest.
+                    made = unstored(props_of(record, dtype)), unstored(twin_props(dcpl))
                     create_dataset(f, f"r{n}", dtype, shape, maxshape_of(record), made[0])
                     create_dataset(f, f"t{n}", dtype, shape, maxshape, made[1])
         passed = set()

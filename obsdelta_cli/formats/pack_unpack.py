@@ -14,22 +14,17 @@ import numpy as np
 
 from ..manifest import Manifest
 from .base import Source, write_sidecar
-from .hdf5 import (
-    ALLOC_TIMES,
-    copy_attrs,
-    create_dataset,
-    dcpl_like,
-)
+from .hdf5 import copy_attrs
 from .hdf5_copy import Relinks, copy_object, copy_values
+from .hdf5_create import ALLOC_TIMES, create_dataset, dcpl_like
 from .hdf5_leaves import META_ATTR
-from .hdf5_meta import MANIFEST, write_meta
+from .hdf5_meta import manifest_path, write_meta
 from .hdf5_objects import hash_objects_apart
 from .hdf5_safety import damaged_pack, output_libver, reading_pack
-from .hdf5_walk import LAYOUT_TWINS, OWN
+from .hdf5_walk import OWN, layout_twins
 from .pack_io import group_like, h5_output
 from .pack_leaves import (
     COMMAND_CACHE_BYTES,
-    PACK,
     TRANSFORM_ATTR,
     file_bytes,
     repacked_leaf,
@@ -81,7 +76,11 @@ def _check_kept(packed: Source, datasets: dict[str, Any], inner: Manifest) -> No
     with reading_pack(packed.path):
         held = Path(packed.handle.filename)
         found = hash_objects_apart(
-            packed.handle, held, lambda name: name in datasets, copied_from=inner.objects
+            packed.handle,
+            held,
+            lambda name: name in datasets,
+            copied_from=inner.objects,
+            own=packed.memo.get("own", OWN),
         )
     differing = inner.object_differing(found, all_recorded=False)
     if differing is not None:
@@ -108,8 +107,9 @@ def unpack_hdf5(packed: Source, info: dict[str, Any], inner: Manifest, out: Path
     ):
         copy_attrs(src, f, exclude=META_ATTR)
         _unpack_group(packed, src, f, info["datasets"])
-        if OWN in f and not len(f[OWN]):
-            del f[OWN]
+        own = packed.memo.get("own", OWN)
+        if own in f and not len(f[own]):
+            del f[own]
         write_meta(f, inner.to_json())
 
 
@@ -121,19 +121,20 @@ def _unpack_group(
     relinks: Relinks | None = None,
 ) -> None:
     relinks = Relinks() if relinks is None else relinks
+    own = packed.memo.get("own", OWN)
     for name, obj in group.items():
         path = obj.name.lstrip("/")
-        if path in (PACK, MANIFEST) or relinks.relinked(obj, dst, name):
+        if path in (f"{own}/pack", manifest_path(own)) or relinks.relinked(obj, dst, name):
             continue
         if isinstance(obj, h5py.Group):
             _unpack_group(packed, obj, group_like(obj, dst, name), datasets, relinks)
         elif path in datasets:
             _restore(packed, obj, dst, name, path, datasets[path])
-        elif path.startswith(f"{OWN}/") and not isinstance(obj, h5py.Dataset):
+        elif path.startswith(f"{own}/") and not isinstance(obj, h5py.Dataset):
             # obsdelta's own objects are groups and datasets: anything else is a damaged
             # header, which HDF5's object copy met with a crash.
             raise damaged_pack(packed.path, f"obsdelta's object {path} is not a dataset")
-        elif path.startswith(f"{OWN}/arrays/"):
+        elif path.startswith(f"{own}/arrays/"):
             # Not an object copy: HDF5 reads the attribute's string through a heap address,
             # which damage turned into a crash; the values are checked against the rows'
             # hashes as inflate reads them, and the manifest gives the dtype.
@@ -156,7 +157,8 @@ def _restore(
         except (KeyError, TypeError, ValueError, RuntimeError, OverflowError):
             raise damaged_pack(packed.path, f"the recorded layout of {path} is not one") from None
     else:
-        twin = ds if flat is not None else packed.handle.get(f"{LAYOUT_TWINS}/{path}")
+        own = packed.memo.get("own", OWN)
+        twin = ds if flat is not None else packed.handle.get(f"{layout_twins(own)}/{path}")
         if not isinstance(twin, h5py.Dataset) or twin.shape != ds.shape or twin.dtype != ds.dtype:
             raise damaged_pack(packed.path, f"the original layout of {path} is missing")
         dcpl, maxshape = dcpl_like(twin.id.get_create_plist(), True), twin.maxshape

@@ -42,10 +42,10 @@ from ..errors import UsageError
 from ..filters import plugins
 from .base import SIDECAR, ArrayStore, Format, Key, Plan, Sink, Source, key_str
 from .hdf5_leaves import H5Arrays, leaf_dtype, leaves_of
-from .hdf5_meta import read_meta
+from .hdf5_meta import own_of, read_meta
 from .hdf5_objects import attrs_hash, hash_objects_apart
 from .hdf5_safety import check_contained, damaged_file, damaged_pack
-from .hdf5_walk import OWN, file_reads, h5_file, object_at
+from .hdf5_walk import file_reads, h5_file, object_at, own_key
 from .leaf import LazyLeaf
 from .pack_flat import Flat
 from .pack_leaves import (
@@ -92,6 +92,7 @@ class Packed(Format):
             if meta is None:
                 raise damaged_pack(path, "the packed file has no obsdelta metadata")
             info = pack_info(meta, path)
+            own = memo["own"] = own_of(meta, path)
             # Before anything is read: the file points nowhere outside itself, and its virtual
             # datasets map exactly what the manifest records.
             check_contained(f, path, virtual_record(info, path))
@@ -99,13 +100,13 @@ class Packed(Format):
             if not isinstance(batch_dims, int) or not (valid is None or isinstance(valid, int)):
                 raise damaged_pack(path, "obsdelta metadata field batch_dims is malformed")
             if info["kind"] == "hdf5" and "flat" in info:
-                flat = memo["flat"] = Flat(f, path, info, self.cache_bytes)
+                flat = memo["flat"] = Flat(f, path, info, self.cache_bytes, own)
                 handle = flat.open_skeleton()
                 leaves = flat.leaves(handle)
-                arrays: ArrayStore = H5Arrays(handle, path)
+                arrays: ArrayStore = H5Arrays(handle, path, own=own)
             elif info["kind"] == "hdf5":
-                leaves = self._hdf5_leaves(f, path, info)
-                arrays = H5Arrays(f, path)
+                leaves = self._hdf5_leaves(f, path, info, own)
+                arrays = H5Arrays(f, path, own=own)
             else:
                 leaves = self._folder_leaves(f, path, info)
                 arrays = PackedFiles(f, path, _array_files(info))
@@ -122,11 +123,14 @@ class Packed(Format):
     def _leaf(self, f: h5py.File, ds: h5py.Dataset, path: Path) -> LazyLeaf:
         return packed_leaf(ds, path, self.cache_bytes, file_reads(f), owner=f)
 
-    def _hdf5_leaves(self, f: h5py.File, path: Path, info: dict[str, Any]) -> dict[Key, Any]:
+    def _hdf5_leaves(
+        self, f: h5py.File, path: Path, info: dict[str, Any], own: str
+    ) -> dict[Key, Any]:
         repacked: dict[str, Any] = info["datasets"]
         out: dict[Key, Any] = {}
-        for key, leaf in leaves_of(f, path).items():
-            if key[:2] == (OWN, "pack"):
+        pack = (*own_key(own), "pack")
+        for key, leaf in leaves_of(f, path, own=own).items():
+            if key[: len(pack)] == pack:
                 continue
             name = key_str(key)
             if name in repacked:
@@ -265,7 +269,10 @@ def _hdf5_hashes(
     repacked: dict[str, Any] = info["datasets"]
     # The objects kept as they are, in a child: a damaged attribute can crash HDF5 (.apart).
     recorded = meta.get("objects") or {}
-    out = hash_objects_apart(f, file, lambda n: n in repacked or skip(n), copied_from=recorded)
+    own = own_of(meta, file)
+    out = hash_objects_apart(
+        f, file, lambda n: n in repacked or skip(n), copied_from=recorded, own=own
+    )
     for name, entry in repacked.items():
         if skip(name):
             continue

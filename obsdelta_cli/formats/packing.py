@@ -14,6 +14,7 @@ from ..errors import UsageError
 from ..manifest import Manifest
 from .base import Key, Source
 from .hdf5_meta import write_meta
+from .hdf5_walk import OWN
 from .pack_flat import pack_flat
 from .pack_io import (
     PLAIN_MANIFEST_BYTES,
@@ -59,12 +60,13 @@ def pack_into(
     """Fill the new packed file ``f`` (:func:`~.pack_io.packed_output`) as :func:`pack` says;
     ``early``: the entries of the leaves of a folder inner already written to ``f``
     (:class:`~.pack_io.Early`)."""
+    own = inner.memo.get("own", OWN)
     if flat and isinstance(inner.handle, h5py.File):
-        info = pack_flat(inner.handle, f, chooser)
+        info = pack_flat(inner.handle, f, chooser, own)
     elif flat:
         raise UsageError("--flat takes HDF5 inputs only", file=inner.path)
     elif isinstance(inner.handle, h5py.File):
-        info = pack_hdf5(inner.handle, f, chooser)
+        info = pack_hdf5(inner.handle, f, chooser, own)
     elif inner_name == "ted-pt":
         info = pack_pt(inner, f, chooser)
     else:
