@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,16 +66,17 @@ def digests(rows: Any, block: int) -> str:
 
 
 def leaf_digests(
-    leaves: Mapping[str, Any],
+    leaves: Mapping[str, Any] | Iterable[tuple[str, Any]],
     batch_dims: int,
     block_bytes: int,
     fed: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The block digests of every leaf (flat over ``batch_dims``), by name; those in ``fed``
-    (from a :class:`BlockFeed` the encoding pass fed as it read them) are not read again."""
+    """The block digests of every leaf (flat over ``batch_dims``), by name (a mapping, or
+    pairs made as they are asked for); those in ``fed`` (from a :class:`BlockFeed` the
+    encoding pass fed as it read them) are not read again."""
     fed = fed or {}
     out = {}
-    for name, leaf in leaves.items():
+    for name, leaf in leaves.items() if isinstance(leaves, Mapping) else leaves:
         if name in fed:
             out[name] = fed[name]
             continue

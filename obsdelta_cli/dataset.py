@@ -40,6 +40,7 @@ from .arrays import from_torch, is_tensor, to_torch
 from .blocks import check_exceptions, checked_stream
 from .errors import FileChangedError
 from .formats import FORMATS, Format, Key, Source
+from .formats.hdf5_meta import own_of_source
 from .formats.hdf5_walk import OWN, own_key
 from .formats.leaf import as_rows, is_data
 from .identity import Identity, changed, identity
@@ -136,7 +137,9 @@ class ObsdeltaDataset(Dataset):
         episode it keeps apart, leaves named as the layout says (TED names)."""
         rebuilt = {s.pair.next_key: s for s in stored}
         hidden = {s.pair.delta_key for s in stored}
-        own = own_key(source.memo.get("own", OWN))  # obsdelta's group: /metadata/obsdelta in D4RL
+        # Not data: obsdelta's own leaves. In an HDF5 file, those under its group (at
+        # /metadata/obsdelta in D4RL files); in a packed .pt file, ("obsdelta", "arrays", ...).
+        own = own_key(own_of_source(source))
         leaves = {
             k: v
             for k, v in source.leaves.items()

@@ -7,6 +7,7 @@ forked children share)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,10 +22,13 @@ from obsdelta_cli import compress, inflate, report, verify
 DEMOS = 2_000
 
 
-def write_many_demos(path: Path, demos: int = DEMOS, seed: int = 0) -> Path:
+def write_many_demos(
+    path: Path, demos: int = DEMOS, seed: int = 0, chunks: bool | None = None
+) -> Path:
     """robomimic's layout (``data/demo_i`` with ``obs``/``next_obs`` groups, ``actions``,
     ``rewards``, ``dones``, ``states``, ``mask/*``), 5-12 steps a demo of random walks that
-    never repeat: 2,000 demos make about 26,000 objects."""
+    never repeat: 2,000 demos make about 26,000 objects. ``chunks=True``: each dataset chunked
+    (as a file written episode by episode is, Minari's), which packing repacks."""
     rng = np.random.default_rng(seed)
     with h5py.File(path, "w") as f:
         data = f.create_group("data")
@@ -33,13 +37,13 @@ def write_many_demos(path: Path, demos: int = DEMOS, seed: int = 0) -> Path:
             demo = data.create_group(f"demo_{i}")
             demo.attrs["num_samples"] = n
             walk = np.cumsum(rng.normal(size=(n + 1, 9)), axis=0)
-            demo.create_dataset("states", data=walk[:n, :4])
-            demo.create_dataset("actions", data=rng.uniform(-1, 1, (n, 3)))
-            demo.create_dataset("rewards", data=rng.normal(size=n))
-            demo.create_dataset("dones", data=np.arange(n) == n - 1)
+            demo.create_dataset("states", data=walk[:n, :4], chunks=chunks)
+            demo.create_dataset("actions", data=rng.uniform(-1, 1, (n, 3)), chunks=chunks)
+            demo.create_dataset("rewards", data=rng.normal(size=n), chunks=chunks)
+            demo.create_dataset("dones", data=np.arange(n) == n - 1, chunks=chunks)
             for k, cols in (("qpos", slice(0, 5)), ("qvel", slice(5, 9))):
-                demo.create_dataset(f"obs/{k}", data=walk[:n, cols])
-                demo.create_dataset(f"next_obs/{k}", data=walk[1:, cols])
+                demo.create_dataset(f"obs/{k}", data=walk[:n, cols], chunks=chunks)
+                demo.create_dataset(f"next_obs/{k}", data=walk[1:, cols], chunks=chunks)
         names = np.array([f"demo_{i}".encode() for i in range(demos)], dtype="S")
         f.create_dataset("mask/train", data=names)
     return path
@@ -108,3 +112,56 @@ def test_each_command_opens_each_object_a_bounded_number_of_times(
     # pass that opened objects per key, per demo or per row would be far above these.
     bounds = {name: 9 if "pack" in name else 6 for name in steps}
     assert all(per_object[name] <= bounds[name] for name in steps), per_object
+
+
+def _open_datasets() -> int:
+    """Datasets open in this process, in every file."""
+    return int(h5py.h5f.get_obj_count(h5py.h5f.OBJ_ALL, h5py.h5f.OBJ_DATASET))
+
+
+def test_objects_held_open_at_once_are_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HDF5 holds about 11 KB for each open object: hashing an output's leaves and repacking a
+    file's datasets hold a bounded number open (at most the :data:`~.hdf5_walk.HELD` of the
+    input's walk, and a few more), not one per dataset of the file. Before, a packed Minari
+    file of 2,500 episodes peaked at 825 MB."""
+    from obsdelta_cli.formats import hdf5_walk, pack_io
+
+    compress_module = importlib.import_module("obsdelta_cli.commands.compress")
+
+    monkeypatch.setattr(hdf5_walk, "HELD", 512)  # a file of more objects than are held
+    src = write_many_demos(tmp_path / "demos.hdf5", demos=300, chunks=True)
+    with h5py.File(src) as f:
+        datasets = sum(isinstance(o, h5py.Dataset) for _, o in hdf5_walk._visit(f))
+    assert datasets > 3 * 512
+    peaks = {"hashing": 0, "repacking": 0}
+    digests, repack, copy = compress_module.leaf_digests, pack_io._repack, pack_io.copy_object
+
+    def hashing(leaves: Any, *args: Any) -> Any:
+        def counted() -> Iterator[Any]:
+            for pair in leaves:
+                peaks["hashing"] = max(peaks["hashing"], _open_datasets())
+                yield pair
+
+        if isinstance(leaves, dict):  # every leaf made before the first is hashed
+            peaks["hashing"] = max(peaks["hashing"], _open_datasets())
+            return digests(leaves, *args)
+        return digests(counted(), *args)
+
+    def counting(real: Callable[..., Any]) -> Callable[..., Any]:
+        def step(*args: Any) -> Any:  # each dataset the packing walk copies or repacks
+            peaks["repacking"] = max(peaks["repacking"], _open_datasets())
+            return real(*args)
+
+        return step
+
+    monkeypatch.setattr(compress_module, "leaf_digests", hashing)
+    monkeypatch.setattr(pack_io, "_repack", counting(repack))
+    monkeypatch.setattr(pack_io, "copy_object", counting(copy))
+    compress(src, tmp_path / "packed.hdf5", pack=True)
+    assert 0 < peaks["hashing"] <= 512 + 64, peaks
+    assert 0 < peaks["repacking"] <= 512 + 64, peaks
+    with h5py.File(src) as a, h5py.File(tmp_path / "packed.hdf5") as b:
+        for name in ("data/demo_7/obs/qpos", "data/demo_299/actions"):
+            np.testing.assert_array_equal(a[name][()], b[name][()])

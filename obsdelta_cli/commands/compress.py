@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -458,14 +458,18 @@ def _writer(
         fed = {key_str(k): r for k, f in feeds.items() if (r := f.result()) is not None}
         if source.batch_dims == 1:
             fed = {**sink.blocks, **fed}
-        stored = {}
-        for k in order:
-            leaf = fmt.written_leaf(sink, k) if key_str(k) not in fed else None
-            readable = leaf is not None and getattr(leaf, "readable", True)
-            stored[key_str(k)] = leaf if readable else source.leaves[k]
-        blocks = leaf_digests(
-            {k: v for k, v in stored.items() if is_data(v)}, source.batch_dims, BLOCK_BYTES, fed
-        )
+
+        def stored() -> Iterator[tuple[str, Any]]:
+            # Made one at a time, as they are hashed: a leaf of the output holds its dataset
+            # open (about 11 KB each in HDF5), and a Minari file of 2,500 episodes has 25,000.
+            for k in order:
+                leaf = fmt.written_leaf(sink, k) if key_str(k) not in fed else None
+                readable = leaf is not None and getattr(leaf, "readable", True)
+                value = leaf if readable else source.leaves[k]
+                if is_data(value):
+                    yield key_str(k), value
+
+        blocks = leaf_digests(stored(), source.batch_dims, BLOCK_BYTES, fed)
         manifest = Manifest(
             container=fmt.name,
             batch_dims=source.batch_dims,

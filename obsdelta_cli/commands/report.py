@@ -10,7 +10,8 @@ from ..codecs import AUTO, CODECS, DEFAULT_CODEC, make_codec
 from ..errors import UsageError
 from ..formats import Source, detect, disk_size, key_str
 from ..formats.hdf5_leaves import H5Leaf
-from ..formats.hdf5_walk import OWN, owned
+from ..formats.hdf5_meta import own_of_source
+from ..formats.hdf5_walk import owned
 from ..inputs import manifest_of, open_detected, stream_for
 from ..rebuild import stored_pairs
 from ..report import DatasetResult, KeyResult
@@ -125,7 +126,7 @@ def packed_reads_note(source: Source) -> str | None:
     slow: dict[str, list[str]] = {}
     for key, leaf in source.leaves.items():
         why = leaf.slow_random_rows() if isinstance(leaf, H5Leaf) else None
-        if why is not None and not owned(key_str(key), source.memo.get("own", OWN)):
+        if why is not None and not owned(key_str(key), own_of_source(source)):
             slow.setdefault(why, []).append(key_str(key))
     if not slow:
         return None

@@ -53,7 +53,7 @@ from .hdf5_leaves import (
     leaves_of,
     replaced_twins,
 )
-from .hdf5_meta import own_of, read_meta, write_meta
+from .hdf5_meta import own_of, own_of_source, read_meta, write_meta
 from .hdf5_objects import hash_objects, hash_objects_apart, header_bytes
 from .hdf5_safety import (
     check_contained,
@@ -202,7 +202,7 @@ class HDF5Format(Format):
     def own_for(self, source: Source) -> str:
         """Where obsdelta's group is in ``source`` (compressed), or will be in its compressed
         output."""
-        own = source.memo.get("own", OWN)
+        own = own_of_source(source)
         return own if source.meta is not None else self.own_place(source.handle)
 
     def infer_batch_dims(self, leaves: dict[Key, Any], meta: dict[str, Any] | None) -> int:
@@ -230,7 +230,7 @@ class HDF5Format(Format):
     ) -> dict[str, str]:
         f: h5py.File = opened.handle
         file = Path(f.filename)
-        own = opened.memo.get("own", OWN)
+        own = own_of_source(opened)
         known = dict(known or {})
         hashing = hash_objects_apart  # a file read: damage may crash HDF5 (see there)
         if id(f) in _OUTPUT_FDS:  # an output being written: its raw chunks must be on disk
@@ -498,7 +498,7 @@ def _copy_rule(source: Source, order: Sequence[Key]) -> CopyRule:
     kept = set(order)
     dropped = {key_str(k) for k in source.leaves if k not in kept}
     if source.meta is not None:  # a compressed input: its own group is not copied
-        dropped.add(source.memo.get("own", OWN))
+        dropped.add(own_of_source(source))
     rules: dict[frozenset[str], CopyRule] = source.memo.setdefault("copy_rules", {})
     frozen = frozenset(dropped)
     if frozen not in rules:
@@ -533,11 +533,11 @@ def _copy_tree(
         if relinks.relinked(obj, dst, name):
             continue
         if isinstance(obj, h5py.Group) and rule.rewritten(obj):
+            if rule.emptied(obj):  # nothing of it kept: no group made (and deleted) for it
+                continue
             group = h5py.Group(h5py.h5g.create(dst.id, name.encode(), gcpl=gcpl_like(obj)))
             copy_attrs(obj, group)
             _copy_tree(obj, group, rule, copies, streamed, relinks, top=top)
-            if not len(group) and not len(group.attrs) and len(obj):
-                del dst[name]  # emptied by the rewrite, and nothing else to keep
         elif isinstance(obj, h5py.Dataset) and rule.copied_raw(obj):
             copies.add(obj, dst, name, streamed=streamed.get(path))
         else:

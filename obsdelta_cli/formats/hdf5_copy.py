@@ -26,6 +26,7 @@ from .direct import ALIGN, WINDOW, ColdReads, mapped_buffer
 from .hdf5_leaves import BF16_ATTR, contiguous_span, copy_attrs
 from .hdf5_objects import hash_span, header_hash
 from .hdf5_types import space_anew, type_anew
+from .hdf5_walk import object_at
 from .leaf import LazyLeaf, read_exact, write_exact
 
 #: Datasets smaller than this are copied by HDF5: a thread would not pay.
@@ -138,6 +139,7 @@ class CopyRule:
         # above it, and hundreds of pairs a group.
         self._rewritten: dict[str, bool] = {}
         self._below: dict[str, tuple[bool, bool]] = {}
+        self._emptied: dict[str, bool] = {}
 
     def rewritten(self, group: h5py.Group) -> bool:
         """Whether ``group`` is rebuilt object by object rather than copied whole."""
@@ -156,6 +158,26 @@ class CopyRule:
         from outside it, where the walk links again to the one copy (:class:`Relinks`)."""
         single, raw = self._scan(group)
         return raw or not single
+
+    def emptied(self, group: h5py.Group) -> bool:
+        """Whether a rewrite of ``group`` would keep nothing of it: it has members, no
+        attributes, and each member is dropped or a group emptied too. The copy leaves such a
+        group out (a robomimic demo's ``next_obs``), as a reader of the input sees no data in
+        it."""
+        path = group.name.strip("/")
+        if path not in self._emptied:
+            self._emptied[path] = (
+                bool(len(group))
+                and not len(group.attrs)
+                and all(self._emptied_member(f"{path}/{name}" if path else name) for name in group)
+            )
+        return self._emptied[path]
+
+    def _emptied_member(self, path: str) -> bool:
+        if path in self.dropped:
+            return True
+        obj = object_at(self._f, path)
+        return isinstance(obj, h5py.Group) and self._rewritten_at(path, obj) and self.emptied(obj)
 
     def copied_raw(self, ds: h5py.Dataset) -> bool:
         """Whether the copy moves ``ds``'s bytes itself (where its group is rewritten)."""

@@ -6,7 +6,7 @@ import json
 import zlib
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import h5py
 import numpy as np
@@ -188,3 +188,13 @@ def own_of(meta: dict[str, Any] | None, file: Path) -> str:
             hint="the file is damaged",
         )
     return str(own)
+
+
+class _Opened(Protocol):
+    memo: dict[str, Any]
+
+
+def own_of_source(opened: _Opened) -> str:
+    """Where obsdelta's group is in an opened file (a source or a packed file): the place its
+    manifest named when it was opened (:func:`own_of`), ``/obsdelta`` for a plain input."""
+    return str(opened.memo.get("own", OWN))

@@ -216,7 +216,8 @@ def header_hash(ds: h5py.Dataset, *, headers_anew: bool = False) -> Any:
     properties, the stored type in full. ``headers_anew``: its type and dataspace as HDF5
     encodes them new, in the first format version that holds them (:func:`type_anew`)."""
     h = xxhash.xxh3_64()
-    props = (ds.dtype.str, ds.shape, ds.maxshape, ds.chunks, ds.compression, ds.compression_opts)
+    dtype = ds.dtype  # each ask makes a type object anew
+    props = (dtype.str, ds.shape, ds.maxshape, ds.chunks, ds.compression, ds.compression_opts)
     h.update(repr((props, ds.shuffle, ds.fletcher32, ds.scaleoffset)).encode())
     dsid, dcpl = ds.id, ds.id.get_create_plist()
     # The stored type in full (byte order, bit layout), not only what numpy makes of it.
@@ -226,7 +227,7 @@ def header_hash(ds: h5py.Dataset, *, headers_anew: bool = False) -> Any:
     h.update(stored.encode())
     h.update(space.encode())
     h.update(repr([dcpl.get_filter(i) for i in range(dcpl.get_nfilters())]).encode())
-    fill = np.zeros(1, dtype=ds.dtype)
+    fill = np.zeros(1, dtype=dtype)
     if dcpl.fill_value_defined() == h5py.h5d.FILL_VALUE_USER_DEFINED:
         dcpl.get_fill_value(fill)
     feed_values(h, fill)

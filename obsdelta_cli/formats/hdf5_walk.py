@@ -9,7 +9,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -257,6 +257,28 @@ def objects_of(f: h5py.File) -> Iterable[tuple[str, Any]]:
 def object_at(f: h5py.File, path: str) -> Any:
     """``f.get(path)`` (no leading slash), from the walk of a file open read-only."""
     return shared_of(f).at(path) if f.mode == "r" else f.get(path)
+
+
+class ByPath(Mapping[str, Any]):
+    """The objects of ``f`` at ``paths``, each asked for (:func:`object_at`) when it is looked
+    up: a dict of them would hold every one open (HDF5 holds about 11 KB for each), where a
+    walk of a file open read-only holds at most :data:`HELD`."""
+
+    def __init__(self, f: h5py.File, paths: Iterable[str]) -> None:
+        self._f = f
+        self._paths = list(paths)
+
+    def __getitem__(self, path: str) -> Any:
+        obj = object_at(self._f, path)
+        if obj is None:
+            raise KeyError(path)
+        return obj
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._paths)
+
+    def __len__(self) -> int:
+        return len(self._paths)
 
 
 def _names(f: h5py.File) -> list[bytes]:

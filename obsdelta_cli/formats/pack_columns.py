@@ -18,6 +18,7 @@ dataset whose mappings are not exactly the recorded ones (:func:`expected_maps`)
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,7 @@ def _unsigned(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).view(f"u{a.dtype.itemsize}")
 
 
-def plan_columns(datasets: dict[str, h5py.Dataset], own: str = OWN) -> dict[str, Shared]:
+def plan_columns(datasets: Mapping[str, h5py.Dataset], own: str = OWN) -> dict[str, Shared]:
     """The datasets among ``datasets`` (about to be repacked) that repeat columns of others,
     with their blocks; the others are stored as they are."""
     groups: dict[tuple[str, int], list[str]] = {}

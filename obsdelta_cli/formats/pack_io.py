@@ -27,7 +27,7 @@ from .hdf5_create import Groups, gcpl_like, write_unstored
 from .hdf5_leaves import META_ATTR, leaf_dtype
 from .hdf5_meta import manifest_path
 from .hdf5_safety import damaged_pack, scale_offset
-from .hdf5_walk import OWN, layout_twins, objects_of
+from .hdf5_walk import OWN, ByPath, layout_twins, objects_of
 from .leaf import FileLeaf
 from .pack_columns import Shared, kept_path, plan_columns, write_virtual
 from .pack_leaves import (
@@ -192,7 +192,7 @@ def pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser, own: str = OWN) 
     """Pack the compressed HDF5 file ``src``, whose obsdelta group is ``own``, into ``out``;
     return the manifest's ``pack`` entry."""
     datasets: dict[str, Any] = {}
-    repacked: dict[str, h5py.Dataset] = {}
+    names: list[str] = []
     arrays: set[str] = set()
     for name, obj in objects_of(src):  # one walk sorts the datasets rewritten either way
         if not isinstance(obj, h5py.Dataset):
@@ -200,7 +200,8 @@ def pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser, own: str = OWN) 
         if _array_rewritten(obj, name, own):
             arrays.add(name)
         elif _repacked(obj, name, own):
-            repacked[name] = obj
+            names.append(name)
+    repacked = ByPath(src, names)  # by path: a Minari file has 25,000 such datasets
     shared = plan_columns(repacked, own)
     groups = Groups(out)
     props = PropsCheck(src.libver)
@@ -215,7 +216,7 @@ def pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser, own: str = OWN) 
             datasets[path] = entry
             props.add(path, ds, dcpl)
 
-    copy_structure(src, out, repacked.keys() | arrays, rewrite, own)
+    copy_structure(src, out, {*names, *arrays}, rewrite, own)
     recorded = props.run()
     for path, entry in datasets.items():
         if path in recorded:

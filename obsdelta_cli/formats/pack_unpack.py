@@ -18,10 +18,10 @@ from .hdf5 import copy_attrs
 from .hdf5_copy import Relinks, copy_object, copy_values
 from .hdf5_create import ALLOC_TIMES, create_dataset, dcpl_like
 from .hdf5_leaves import META_ATTR
-from .hdf5_meta import manifest_path, write_meta
+from .hdf5_meta import manifest_path, own_of_source, write_meta
 from .hdf5_objects import hash_objects_apart
 from .hdf5_safety import damaged_pack, output_libver, reading_pack
-from .hdf5_walk import OWN, layout_twins
+from .hdf5_walk import layout_twins
 from .pack_io import group_like, h5_output
 from .pack_leaves import (
     COMMAND_CACHE_BYTES,
@@ -80,7 +80,7 @@ def _check_kept(packed: Source, datasets: dict[str, Any], inner: Manifest) -> No
             held,
             lambda name: name in datasets,
             copied_from=inner.objects,
-            own=packed.memo.get("own", OWN),
+            own=own_of_source(packed),
         )
     differing = inner.object_differing(found, all_recorded=False)
     if differing is not None:
@@ -107,7 +107,7 @@ def unpack_hdf5(packed: Source, info: dict[str, Any], inner: Manifest, out: Path
     ):
         copy_attrs(src, f, exclude=META_ATTR)
         _unpack_group(packed, src, f, info["datasets"])
-        own = packed.memo.get("own", OWN)
+        own = own_of_source(packed)
         if own in f and not len(f[own]):
             del f[own]
         write_meta(f, inner.to_json())
@@ -121,7 +121,7 @@ def _unpack_group(
     relinks: Relinks | None = None,
 ) -> None:
     relinks = Relinks() if relinks is None else relinks
-    own = packed.memo.get("own", OWN)
+    own = own_of_source(packed)
     for name, obj in group.items():
         path = obj.name.lstrip("/")
         if path in (f"{own}/pack", manifest_path(own)) or relinks.relinked(obj, dst, name):
@@ -157,7 +157,7 @@ def _restore(
         except (KeyError, TypeError, ValueError, RuntimeError, OverflowError):
             raise damaged_pack(packed.path, f"the recorded layout of {path} is not one") from None
     else:
-        own = packed.memo.get("own", OWN)
+        own = own_of_source(packed)
         twin = ds if flat is not None else packed.handle.get(f"{layout_twins(own)}/{path}")
         if not isinstance(twin, h5py.Dataset) or twin.shape != ds.shape or twin.dtype != ds.dtype:
             raise damaged_pack(packed.path, f"the original layout of {path} is missing")

@@ -13,8 +13,7 @@ import h5py
 from ..errors import UsageError
 from ..manifest import Manifest
 from .base import Key, Source
-from .hdf5_meta import write_meta
-from .hdf5_walk import OWN
+from .hdf5_meta import own_of_source, write_meta
 from .pack_flat import pack_flat
 from .pack_io import (
     PLAIN_MANIFEST_BYTES,
@@ -60,7 +59,7 @@ def pack_into(
     """Fill the new packed file ``f`` (:func:`~.pack_io.packed_output`) as :func:`pack` says;
     ``early``: the entries of the leaves of a folder inner already written to ``f``
     (:class:`~.pack_io.Early`)."""
-    own = inner.memo.get("own", OWN)
+    own = own_of_source(inner)
     if flat and isinstance(inner.handle, h5py.File):
         info = pack_flat(inner.handle, f, chooser, own)
     elif flat:
