@@ -236,3 +236,32 @@ def _bits_at(whole: dict[str, bytes], key: str, idx: torch.Tensor, rows: int) ->
     """The bytes of rows ``idx`` of leaf ``key``, from the bytes of all its rows."""
     values = np.frombuffer(whole[key], dtype=np.uint8).reshape(rows, -1)
     return values[idx.numpy()].tobytes()
+
+
+def test_what_was_read_of_a_replaced_file_is_not_taken_for_the_new_one(
+    versions: tuple[TensorDictBase, TensorDictBase], tmp_path: Path
+) -> None:
+    """A reader opens an output, then another process puts a new output at its name before the
+    reader reads the manifest (and checks the file's pointers): what it found is remembered for
+    the file it opened, not for what the name holds now. Before, the old file's manifest was
+    remembered for the new file, and the next reader of it said it was damaged."""
+    import h5py
+
+    from obsdelta_cli.formats import hdf5_safety
+    from obsdelta_cli.formats.hdf5_meta import read_meta
+
+    a, b, out = _inputs("d4rl-hdf5", versions, tmp_path)
+    newer = tmp_path / "newer.hdf5"
+    compress(a, out)
+    compress(b, newer)
+    with h5py.File(newer) as f:
+        wanted_meta = read_meta(f, newer)
+    wanted = _rows_of(newer)
+    with h5py.File(out) as f:  # opened, then replaced
+        os.replace(newer, out)
+        old_meta = read_meta(f, out)
+        hdf5_safety.check_contained(f, out)
+    assert old_meta != wanted_meta
+    with h5py.File(out) as f:
+        assert read_meta(f, out) == wanted_meta
+    assert _rows_of(out) == wanted

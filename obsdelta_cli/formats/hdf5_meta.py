@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import InputError
 from .apart import SILENCE_SECONDS, apart
 from .hdf5_leaves import META_ATTR
-from .hdf5_safety import Stamp, file_stamp
+from .hdf5_safety import Stamp, opened_stamp
 from .hdf5_walk import OWN, OWN_PLACES
 
 #: A manifest longer than this is stored zlib-compressed in the dataset ``manifest`` of
@@ -101,7 +101,7 @@ def read_meta(f: h5py.File, file: Path) -> dict[str, Any] | None:
     process (:mod:`.apart`), within :data:`META_SECONDS`: a damaged attribute can crash HDF5,
     and in files written before it became a fixed-length string, it is kept in a heap that,
     damaged, made HDF5 read it forever."""
-    stamp = file_stamp(Path(f.filename))
+    stamp = opened_stamp(f)  # the file read, whatever its name holds now
     why = _UNREADABLE.get(stamp) if stamp is not None else None
     if why is None and stamp is not None and stamp in _READ:
         found = _READ[stamp]

@@ -85,6 +85,20 @@ def file_stamp(path: Path) -> Stamp | None:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
+def opened_stamp(f: h5py.File) -> Stamp | None:
+    """The :data:`Stamp` of the file HDF5 opened as ``f``, not of what its name holds now:
+    another process may have put a new file there since (``compress --force`` of an output
+    being read), and what was found in one file would then be remembered for the other. ``None``
+    where HDF5 has no descriptor to ask (nothing is then cached)."""
+    try:
+        if f.driver != "sec2":
+            return None
+        st = os.fstat(f.id.get_vfd_handle())
+    except (OSError, ValueError, TypeError, RuntimeError):
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 #: A selection that is one box: its first index and its end (exclusive) in each dimension.
 Box = tuple[tuple[int, ...], tuple[int, ...]]
 #: One mapping of a virtual dataset: the box it fills, the source file and dataset names as
@@ -142,7 +156,7 @@ def check_contained(f: h5py.File, path: Path, virtual: Allowed | None = None) ->
     The walk runs in a forked child (:mod:`.apart`): link values and virtual mappings are
     kept in a heap that, zeroed, made HDF5 read them forever.
     """
-    stamp = file_stamp(path)
+    stamp = opened_stamp(f)
     if stamp is not None and stamp in _CONTAINED:
         return _CONTAINED[stamp]  # no virtual dataset at all: fine whatever ``virtual`` allows
     try:
