@@ -66,17 +66,17 @@ def digests(rows: Any, block: int) -> str:
 
 
 def leaf_digests(
-    leaves: Mapping[str, Any] | Iterable[tuple[str, Any]],
+    leaves: Iterable[tuple[str, Any]],
     batch_dims: int,
     block_bytes: int,
     fed: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The block digests of every leaf (flat over ``batch_dims``), by name (a mapping, or
-    pairs made as they are asked for); those in ``fed`` (from a :class:`BlockFeed` the
-    encoding pass fed as it read them) are not read again."""
+    """The block digests of every leaf (flat over ``batch_dims``), by name, from pairs made as
+    they are asked for; those in ``fed`` (from a :class:`BlockFeed` the encoding pass fed as
+    it read them) are not read again."""
     fed = fed or {}
     out = {}
-    for name, leaf in leaves.items() if isinstance(leaves, Mapping) else leaves:
+    for name, leaf in leaves:
         if name in fed:
             out[name] = fed[name]
             continue

@@ -79,10 +79,9 @@ def scale_offset(dcpl: h5py.h5p.PropDCID) -> bool:
 def file_stamp(path: Path) -> Stamp | None:
     """``path``'s :data:`Stamp`, or ``None`` where it cannot be read (nothing is then cached)."""
     try:
-        st = path.stat()
+        return _stamp(path.stat())
     except OSError:
         return None
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def opened_stamp(f: h5py.File) -> Stamp | None:
@@ -93,9 +92,12 @@ def opened_stamp(f: h5py.File) -> Stamp | None:
     try:
         if f.driver != "sec2":
             return None
-        st = os.fstat(f.id.get_vfd_handle())
+        return _stamp(os.fstat(f.id.get_vfd_handle()))
     except (OSError, ValueError, TypeError, RuntimeError):
         return None
+
+
+def _stamp(st: os.stat_result) -> Stamp:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
