@@ -12,6 +12,9 @@ from typing import Any
 import h5py
 import numpy as np
 import xxhash
+from h5py import h5s
+from h5py._hl.filters import _COMP_FILTERS as COMP_FILTERS
+from h5py._hl.filters import get_filters
 from h5py._objects import phil
 
 from .apart import SILENCE_SECONDS, apart, beat
@@ -180,16 +183,17 @@ def _raw_hash(
     """A dataset as stored: dtype, shape, creation properties, then its raw chunks in chunk
     order (each with its position and filter mask) or its contiguous bytes (``headers_anew``:
     see :func:`header_hash`)."""
-    h = header_hash(ds, headers_anew=headers_anew)
-    dsid, dcpl = ds.id, ds.id.get_create_plist()
+    h, what = _header(ds, headers_anew)
+    dsid, dcpl, shape = ds.id, what.dcpl, what.shape
     layout = dcpl.get_layout()
-    if ds.dtype.hasobject:
+    if what.dtype.hasobject:
         # Variable-length strings and arrays store references into the file's heap, which an
         # object copy moves: what they hold is hashed, read as values.
         _hash_values_of(h, ds)
     elif layout == h5py.h5d.CHUNKED:
+        assert shape is not None  # a chunked dataset has a simple dataspace
         # Every chunk of the grid, found through the chunk index as a read would find it.
-        grid = [range(0, n, c) for n, c in zip(ds.shape, ds.chunks or (), strict=True)]
+        grid = [range(0, n, c) for n, c in zip(shape, what.chunks or (), strict=True)]
         cells = math.prod(len(r) for r in grid)
         if cells > 4 * dsid.get_num_chunks() + 1024:
             raise ValueError(f"{ds.name}: {cells} chunk places for {dsid.get_num_chunks()} chunks")
@@ -206,7 +210,7 @@ def _raw_hash(
         offset = dsid.get_offset()
         if offset is not None:
             hash_span(h, fd, offset, dsid.get_storage_size(), cold)
-    elif ds.shape is not None:  # compact: the values live in the object header
+    elif shape is not None:  # compact: the values live in the object header
         feed_values(h, np.asarray(ds[()]))
     return h.hexdigest()
 
@@ -215,23 +219,57 @@ def header_hash(ds: h5py.Dataset, *, headers_anew: bool = False) -> Any:
     """An xxh3-64 state fed with what a dataset is, before its values: dtype, shape, creation
     properties, the stored type in full. ``headers_anew``: its type and dataspace as HDF5
     encodes them new, in the first format version that holds them (:func:`type_anew`)."""
+    return _header(ds, headers_anew)[0]
+
+
+class Facts:
+    """What a dataset is (creation properties, dataspace, dtype), each asked of HDF5 once."""
+
+    __slots__ = ("chunks", "dcpl", "dtype", "props", "shape", "space")
+
+    def __init__(self, dsid: Any) -> None:
+        self.dcpl, self.space, self.dtype = dsid.get_create_plist(), dsid.get_space(), dsid.dtype
+        self.shape = self.space.shape if self.space.get_simple_extent_type() != h5s.NULL else None
+        chunked = self.dcpl.get_layout() == h5py.h5d.CHUNKED
+        self.chunks = self.dcpl.get_chunk() if chunked else None
+        self.props = dataset_props(self)
+
+
+def dataset_props(facts: Facts) -> tuple[Any, ...]:
+    """``((dtype.str, shape, maxshape, chunks, compression, compression_opts), shuffle,
+    fletcher32, scaleoffset)`` as h5py's ``Dataset`` properties give them, from the creation
+    properties and dataspace asked once: each h5py property asks HDF5 anew, and some make a
+    new property list or type each time, which cost several times the dataset's own open."""
+    dims = facts.space.get_simple_extent_dims(True)
+    maxshape = None if dims is None else tuple(None if x == h5s.UNLIMITED else x for x in dims)
+    used = get_filters(facts.dcpl)
+    compression = next((x for x in ("gzip", "lzf", "szip") if x in used), None)
+    if compression is None and any(f not in COMP_FILTERS for f in used):
+        compression = "unknown"  # a filter of a plugin
+    scale = used["scaleoffset"][1] if "scaleoffset" in used else None
+    first = (facts.dtype.str, facts.shape, maxshape, facts.chunks, compression)
+    return ((*first, used.get(compression)), "shuffle" in used, "fletcher32" in used, scale)
+
+
+def _header(ds: h5py.Dataset, headers_anew: bool) -> tuple[Any, Facts]:
     h = xxhash.xxh3_64()
-    dtype = ds.dtype  # each ask makes a type object anew
-    props = (dtype.str, ds.shape, ds.maxshape, ds.chunks, ds.compression, ds.compression_opts)
-    h.update(repr((props, ds.shuffle, ds.fletcher32, ds.scaleoffset)).encode())
-    dsid, dcpl = ds.id, ds.id.get_create_plist()
-    # The stored type in full (byte order, bit layout), not only what numpy makes of it.
-    stored, space = dsid.get_type(), dsid.get_space()
-    if headers_anew:
-        stored, space = type_anew(stored), space_anew(space)
-    h.update(stored.encode())
-    h.update(space.encode())
-    h.update(repr([dcpl.get_filter(i) for i in range(dcpl.get_nfilters())]).encode())
-    fill = np.zeros(1, dtype=dtype)
-    if dcpl.fill_value_defined() == h5py.h5d.FILL_VALUE_USER_DEFINED:
-        dcpl.get_fill_value(fill)
+    dsid = ds.id
+    with phil:
+        what = Facts(dsid)
+        h.update(repr(what.props).encode())
+        # The stored type in full (byte order, bit layout), not only what numpy makes of it.
+        stored, space = dsid.get_type(), what.space
+        if headers_anew:
+            stored, space = type_anew(stored), space_anew(space)
+        h.update(stored.encode())
+        h.update(space.encode())
+        dcpl = what.dcpl
+        h.update(repr([dcpl.get_filter(i) for i in range(dcpl.get_nfilters())]).encode())
+        fill = np.zeros(1, dtype=what.dtype)
+        if dcpl.fill_value_defined() == h5py.h5d.FILL_VALUE_USER_DEFINED:
+            dcpl.get_fill_value(fill)
     feed_values(h, fill)
-    return h
+    return h, what
 
 
 #: Rows of a dataset of variable-length values read at a time to hash them.
