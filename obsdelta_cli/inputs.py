@@ -7,24 +7,33 @@ from pathlib import Path
 
 from .errors import DataError, InputError, UsageError
 from .formats import Format, Source, detect, key_str
+from .formats.base import Ahead
 from .formats.hdf5 import HDF5Format
 from .formats.packed import Packed
 from .manifest import Manifest, parse
 from .stream import Stream
 
 
-def open_input(path: Path, *, cache_mb: float | None = None) -> tuple[Format, Source]:
+def open_input(
+    path: Path, *, cache_mb: float | None = None, checking: Ahead | None = None
+) -> tuple[Format, Source]:
     """Open ``path`` with the adapter its content calls for; ``cache_mb`` sizes the chunk
-    cache of each dataset of an HDF5 file read for training (packed or not)."""
+    cache of each dataset of an HDF5 file read for training (packed or not); ``checking``:
+    every object of the file will be checked against its manifest (``Format.object_hashes``),
+    which an HDF5 file then begins as it is opened."""
     fmt = detect(path)
-    return fmt, open_detected(fmt, path, cache_mb=cache_mb)
+    return fmt, open_detected(fmt, path, cache_mb=cache_mb, checking=checking)
 
 
-def open_detected(fmt: Format, path: Path, *, cache_mb: float | None = None) -> Source:
+def open_detected(
+    fmt: Format, path: Path, *, cache_mb: float | None = None, checking: Ahead | None = None
+) -> Source:
     """Open ``path`` with ``fmt``, the adapter :func:`detect` chose for it (see
     :func:`open_input`)."""
     if cache_mb is not None and isinstance(fmt, Packed | HDF5Format):
         fmt.cache_bytes = max(0, int(cache_mb * 2**20))
+    if checking is not None and isinstance(fmt, HDF5Format):
+        fmt.hash_ahead = checking
     source = fmt.open(path)
     if source.valid_rows == 0:
         fmt.close(source)

@@ -19,7 +19,7 @@ from obsdelta_cli import compress
 from obsdelta_cli.errors import InputError
 from obsdelta_cli.formats import apart as apart_module
 from obsdelta_cli.formats import hdf5_meta, hdf5_objects, hdf5_safety
-from obsdelta_cli.formats.apart import ChildFault, apart, beat
+from obsdelta_cli.formats.apart import ChildFault, apart, beat, begin
 from obsdelta_cli.formats.hdf5_leaves import META_ATTR
 from obsdelta_cli.formats.hdf5_meta import read_meta
 
@@ -202,3 +202,45 @@ def test_a_zeroed_heap_is_damage_not_a_hang(
         start = time.monotonic()
         expect_error(cli, *args, says=[small, "did not return from reading it in 2 s", "damaged"])
         assert time.monotonic() - start < 60
+
+
+def test_work_begun_apart_runs_while_the_caller_goes_on(tmp_path: Path) -> None:
+    """The child works before its result is asked for: the caller sees its mark first."""
+    mark = tmp_path / "mark"
+
+    def work() -> int:
+        mark.write_text("started")
+        return 7
+
+    pending = begin(work)
+    deadline = time.monotonic() + 60
+    while not mark.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert mark.read_text() == "started"
+    assert pending.result() == 7
+
+
+def test_work_given_up_leaves_no_child() -> None:
+    before = _children()
+    begin(lambda: time.sleep(600)).cancel()
+    assert _children() == before
+    lost = begin(lambda: time.sleep(600))  # dropped without a word (an error in between)
+    del lost
+    assert _children() == before
+
+
+def test_a_result_is_asked_for_once() -> None:
+    pending = begin(lambda: 1)
+    assert pending.result() == 1
+    with pytest.raises(RuntimeError, match="once"):
+        pending.result()
+    pending.cancel()  # after the result: nothing to end
+
+
+def test_damage_in_work_begun_apart_is_raised_when_asked() -> None:
+    def damaged() -> None:
+        raise OSError("bad object header")
+
+    pending = begin(damaged)
+    with pytest.raises(ValueError, match="bad object header"):
+        pending.result()

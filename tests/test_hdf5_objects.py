@@ -3,6 +3,7 @@ properties read it (a hash that differed would call every file written before da
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,22 @@ import hdf5plugin
 import numpy as np
 import pytest
 
-from obsdelta_cli.formats.hdf5_objects import Facts, dataset_props, header_hash
+from obsdelta_cli import compress
+from obsdelta_cli.formats import detect
+from obsdelta_cli.formats.hdf5 import HDF5Format
+from obsdelta_cli.formats.hdf5_leaves import META_ATTR
+from obsdelta_cli.formats.hdf5_objects import (
+    Facts,
+    HashesAhead,
+    dataset_props,
+    hash_objects_apart,
+    header_hash,
+)
+from obsdelta_cli.formats.hdf5_walk import OWN
+from obsdelta_cli.manifest import parse
 
+from .conftest import SAMPLE
+from .test_apart import _children
 from .zoo import plant, zoo_names
 
 #: Creation properties beyond the zoo's (which has gzip with the shuffle): every filter h5py
@@ -64,3 +79,81 @@ def test_header_hash_tells_creation_properties_apart(zoo_file: Path) -> None:
     with h5py.File(zoo_file) as f:
         a, b = f["more/resizable"], f["more/unlimited"]
         assert header_hash(a).hexdigest() != header_hash(b).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def compressed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A robomimic file with stored delta leaves and replaced twins (obsdelta's own group)."""
+    out = tmp_path_factory.mktemp("objects") / "fp16.hdf5"
+    compress(SAMPLE / "hopper_robomimic.hdf5", out, codec="fp16")
+    return out
+
+
+def _ahead_cases(f: h5py.File) -> list[tuple[dict[str, int], set[str], set[str]]]:
+    """(deferred, skipped, known) triples: nothing left out; every dataset's values left out,
+    small ones too, with some skipped and some known; only large ones left out."""
+    names: list[str] = []
+    f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+    every = dict.fromkeys(names, 0)
+    half = set(names[::2])
+    return [
+        ({}, set(), set()),
+        (every, half, set(names[1::4])),
+        (dict.fromkeys(names, 1 << 30), set(), half),
+    ]
+
+
+@pytest.mark.parametrize("which", ["zoo", "compressed"])
+def test_hashes_begun_ahead_are_the_hashes_of_a_walk(
+    which: str, zoo_file: Path, compressed: Path
+) -> None:
+    """Whatever is left out as the hashes are begun, and whatever the check then skips or
+    knows, they equal one walk's hashes with the same skip and known."""
+    path = zoo_file if which == "zoo" else compressed
+    with h5py.File(path) as f:
+        cases = _ahead_cases(f)
+        recorded = json.loads(f.attrs[META_ATTR])["objects"] if META_ATTR in f.attrs else {}
+        for deferred, skipped, named in cases:
+            known = {n: f"known-{n}" for n in named}
+            ahead = HashesAhead(f, path, deferred, recorded, OWN)
+            found = ahead.hashes(skipped.__contains__, known)
+            walked = hash_objects_apart(f, path, skipped.__contains__, known, recorded, OWN)
+            assert found == walked
+            assert list(found) == list(walked)  # in the walk's order, as manifests list them
+            assert set(walked) - set(skipped) - {f"@{n}" for n in skipped}
+            if not recorded:  # else a known hash not recorded is looked at anew, as a walk does
+                used = any(h.startswith("known-") for h in found.values())
+                assert used == bool(named - skipped)
+
+
+def test_a_format_opened_to_check_begins_its_hashes_and_ends_them_unasked(
+    compressed: Path,
+) -> None:
+    """Opened for a check, a compressed file's object hashes equal a walk's; opened and closed
+    before the check, it leaves no child behind; records other than those it began with are
+    hashed anew."""
+    fmt = detect(compressed)
+    assert isinstance(fmt, HDF5Format)
+    fmt.hash_ahead = "objects"
+    before = _children()
+    source = fmt.open(compressed)
+    try:
+        recorded = dict(parse(source.meta, file=compressed).objects)
+        found = fmt.object_hashes(source, lambda n: False, None, recorded)
+        plain = hash_objects_apart(source.handle, compressed, lambda n: False, None, recorded)
+        assert found == plain
+        fmt.hash_ahead = "objects-but-observations"
+    finally:
+        fmt.close(source)
+    source = fmt.open(compressed)
+    fmt.close(source)
+    assert _children() == before
+    fmt.hash_ahead = "objects"
+    source = fmt.open(compressed)
+    try:
+        other = {"@": "0"}
+        found = fmt.object_hashes(source, lambda n: False, None, other)
+        plain = hash_objects_apart(source.handle, compressed, lambda n: False, None, other)
+        assert found == plain
+    finally:
+        fmt.close(source)

@@ -39,7 +39,7 @@ def inflate(
             input, output, inflate=inflate, force=force, chunk_mb=chunk_mb,
             named_after_input=named_after_input,
         )  # fmt: skip
-    fmt, source = open_input(input)
+    fmt, source = open_input(input, checking="objects-but-observations")
     try:
         manifest = manifest_of(source)
         stored = stored_pairs(source, manifest)

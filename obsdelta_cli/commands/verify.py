@@ -13,7 +13,7 @@ from ..errors import DataError, ObsdeltaError
 from ..formats import Format, Key, Source, detect, disk_size, key_str
 from ..formats.hdf5_objects import is_replaced_twin
 from ..formats.hdf5_walk import OWN
-from ..inputs import check_leaves, manifest_of, open_input, stream_for
+from ..inputs import check_leaves, manifest_of, open_detected, open_input, stream_for
 from ..manifest import HASH_ALGORITHM, Manifest
 from ..rebuild import StoredPair, stored_pairs
 from ..report import DatasetResult
@@ -182,7 +182,7 @@ def verify(input: Path, *, chunk_mb: float = DEFAULT_CHUNK_MB) -> DatasetResult:
     """Re-read a compressed dataset and check its manifest and every recorded hash,
     rebuilding the next observations as ``inflate`` would. Raises on the first bad leaf."""
     input = Path(input)
-    fmt, source = open_input(input)
+    fmt, source = open_input(input, checking="objects")
     try:
         manifest = manifest_of(source)
         stored = check_dataset(fmt, source, manifest, chunk_mb)
@@ -198,7 +198,7 @@ def verify(input: Path, *, chunk_mb: float = DEFAULT_CHUNK_MB) -> DatasetResult:
 def verify_written(path: Path, chunk_mb: float) -> None:
     """Check a freshly written output before it is renamed into place."""
     fmt = detect(path)
-    source = fmt.open(path)
+    source = open_detected(fmt, path, checking="objects")
     try:
         check_dataset(fmt, source, manifest_of(source), chunk_mb)
     except ObsdeltaError as exc:

@@ -33,7 +33,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 #: Errors of a damaged file, as h5py and obsdelta's readers raise them.
@@ -64,8 +64,20 @@ def apart(work: Callable[[], T], *, timeout: float | None = None) -> T:
     """``work()`` (whose result is JSON) run in a forked child; HDF5 crashing there, or saying
     nothing for ``timeout`` seconds (see :func:`beat`), is a ValueError, as are the errors of
     damage."""
+    return begin(work, timeout=timeout).result()
+
+
+def begin(work: Callable[[], T], *, timeout: float | None = None) -> Pending[T]:
+    """:func:`apart`, its child started now and its result collected by
+    :meth:`Pending.result`, so that the parent does other work meanwhile (on another core).
+    ``timeout`` counts silence from when the result is asked for.
+
+    >>> pending = begin(lambda: [1, 2])
+    >>> pending.result()
+    [1, 2]
+    """
     if not hasattr(os, "fork"):
-        return work()
+        return Pending(work, None, timeout)
     from h5py._objects import phil
 
     read, write = os.pipe()
@@ -76,7 +88,7 @@ def apart(work: Callable[[], T], *, timeout: float | None = None) -> T:
     except OSError:  # no memory or processes left for a child (strict overcommit): not damage
         os.close(read)
         os.close(write)
-        return work()
+        return Pending(work, None, timeout)
     if pid == 0:  # pragma: no cover - the child's coverage is not collected
         try:
             os.close(read)
@@ -98,30 +110,68 @@ def apart(work: Callable[[], T], *, timeout: float | None = None) -> T:
         finally:
             os._exit(0)
     os.close(write)
-    try:
-        data, late = _collect(read, timeout)
+    return Pending(work, (pid, read), timeout)
+
+
+class Pending(Generic[T]):
+    """The result of work :func:`begin` started: asked for once with :meth:`result`, or given
+    up with :meth:`cancel` (which a parent that fails before it needs the result calls)."""
+
+    def __init__(
+        self, work: Callable[[], T], child: tuple[int, int] | None, timeout: float | None
+    ) -> None:
+        self._work, self._child, self._timeout = work, child, timeout
+        self._done = False
+
+    def result(self) -> T:
+        """The work's result; where no child could be forked, the work is done now, here."""
+        if self._done:
+            raise RuntimeError("the result of work done apart is asked for once")
+        self._done = True
+        if self._child is None:
+            return self._work()
+        (pid, read), self._child = self._child, None
+        try:
+            data, late = _collect(read, self._timeout)
+            if late:
+                os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+        except BaseException:  # interrupted: the child goes too
+            _end(pid)
+            raise
+        finally:
+            os.close(read)
         if late:
-            os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
-    except BaseException:  # interrupted: the child goes too
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        raise
-    finally:
-        os.close(read)
-    if late:
-        raise ValueError(f"HDF5 did not return from reading it in {timeout:.0f} s")
-    data = data.lstrip(_BEAT)
-    if os.WIFSIGNALED(status):
-        raise ValueError(f"HDF5 crashed on it: {_signal_name(os.WTERMSIG(status))}")
-    payload = json.loads(data) if data else {"fault": "the child gave no result"}
-    if "damage" in payload:
-        raise ValueError(payload["damage"])
-    if "fault" in payload:
-        raise ChildFault(payload["fault"])
-    value: T = payload["value"]
-    return value
+            raise ValueError(f"HDF5 did not return from reading it in {self._timeout:.0f} s")
+        data = data.lstrip(_BEAT)
+        if os.WIFSIGNALED(status):
+            raise ValueError(f"HDF5 crashed on it: {_signal_name(os.WTERMSIG(status))}")
+        payload: dict[str, Any] = (
+            json.loads(data) if data else {"fault": "the child gave no result"}
+        )
+        if "damage" in payload:
+            raise ValueError(payload["damage"])
+        if "fault" in payload:
+            raise ChildFault(payload["fault"])
+        value: T = payload["value"]
+        return value
+
+    def cancel(self) -> None:
+        """End the work unheard; nothing if its result was taken."""
+        self._done = True
+        if self._child is not None:
+            (pid, read), self._child = self._child, None
+            _end(pid)
+            os.close(read)
+
+    def __del__(self) -> None:  # a parent that lost it (an error between) leaves no child
+        self.cancel()
+
+
+def _end(pid: int) -> None:
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
 
 
 def _collect(fd: int, timeout: float | None) -> tuple[bytes, bool]:

@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import xxhash
@@ -216,6 +216,13 @@ class Source:
 
 #: What to do with a dataset whose observations are each stored once already.
 NOTHING_HINT = "use the dataset as it is, or --pack it (every dataset filtered)"
+
+
+#: How a command that checks every object of a compressed file against its manifest
+#: (:meth:`Format.object_hashes`) opens it, in formats that begin that check as they open:
+#: "objects" hashes every object's values but the stored leaves'; "objects-but-observations"
+#: leaves the observations' values too, which the command hashes as it copies them.
+Ahead = Literal["objects", "objects-but-observations"]
 
 
 class Format(ABC):

@@ -31,7 +31,7 @@ from ..arrays import BFLOAT16
 from ..checksum import Hasher
 from ..errors import InputError, UsageError, failed_write, write_error
 from ..filters import short_zstd_name
-from .base import Format, Key, LeafSpec, Plan, Sink, Source, key_str
+from .base import Ahead, Format, Key, LeafSpec, Plan, Sink, Source, key_str
 from .hdf5_copy import CopyRule, RawCopies, Relinks, copy_object, in_place
 from .hdf5_create import (
     ALLOC_TIMES,
@@ -54,7 +54,13 @@ from .hdf5_leaves import (
     replaced_twins,
 )
 from .hdf5_meta import own_of, own_of_source, read_meta, write_meta
-from .hdf5_objects import hash_objects, hash_objects_apart, header_bytes
+from .hdf5_objects import (
+    HashesAhead,
+    hash_objects,
+    hash_objects_apart,
+    hashes_ahead,
+    header_bytes,
+)
 from .hdf5_safety import (
     check_contained,
     damaged_file,
@@ -140,6 +146,11 @@ class HDF5Format(Format):
     #: Decoded chunks kept per filtered dataset for random reads (``open_dataset`` sets it);
     #: ``None`` for the commands, which read each chunk once, in order.
     cache_bytes: int | None = None
+    #: Whether opening a compressed file begins hashing its objects in a child, beside the
+    #: walk of its datasets (:class:`~.hdf5_objects.HashesAhead`), and which values that
+    #: leaves to :meth:`object_hashes`: set by the commands that check every object (see
+    #: :data:`~.base.Ahead`).
+    hash_ahead: Ahead | None = None
 
     @classmethod
     def sniff(cls, path: Path) -> bool:
@@ -163,6 +174,7 @@ class HDF5Format(Format):
 
     def open(self, path: Path) -> Source:
         f = open_h5(path)
+        ahead: HashesAhead | None = None
         try:
             meta = read_meta(f, path)
             own = own_of(meta, path)
@@ -174,6 +186,8 @@ class HDF5Format(Format):
                     file=path,
                     hint="rename it: obsdelta would leave it out of its output",
                 )
+            if self.hash_ahead is not None and meta is not None:
+                ahead = hashes_ahead(f, path, meta, own, self.hash_ahead)
             unread: dict[Key, str] = {}
             leaves = leaves_of(f, path, unread, own)
             batch_dims = self.infer_batch_dims(leaves, meta)
@@ -181,16 +195,18 @@ class HDF5Format(Format):
                 for leaf in leaves.values():
                     leaf.keep_decoded(self.cache_bytes)
         except (RuntimeError, OSError, KeyError) as exc:  # h5py's errors on a damaged file
-            f.close()
+            _close_opening(f, ahead)
             raise InputError(
                 f"cannot read the file's structure ({exc})", file=path, hint="the file is damaged"
             ) from None
         except BaseException:
-            f.close()
+            _close_opening(f, ahead)
             raise
         arrays = H5Arrays(f, path, own=own)
         source = Source(path, leaves, batch_dims, meta, arrays=arrays, handle=f, unread=unread)
         source.memo["own"] = own
+        if ahead is not None:
+            source.memo["ahead"] = ahead
         return source
 
     @classmethod
@@ -209,6 +225,9 @@ class HDF5Format(Format):
         return self.batch_dims
 
     def close(self, source: Source) -> None:
+        ahead = source.memo.pop("ahead", None)
+        if ahead is not None:  # not asked for: the command failed before its check
+            ahead.cancel()
         super().close(source)
         source.handle.close()
 
@@ -232,6 +251,17 @@ class HDF5Format(Format):
         file = Path(f.filename)
         own = own_of_source(opened)
         known = dict(known or {})
+        ahead = opened.memo.pop("ahead", None) if isinstance(opened, Source) else None
+        if ahead is not None and not ahead.hashes_like(recorded or {}):
+            ahead.cancel()  # begun with other records than these: hashed anew below
+            ahead = None
+        if ahead is not None:
+            try:
+                return ahead.hashes(skip, known)
+            except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
+                raise InputError(
+                    f"cannot read an object ({exc})", file=file, hint="the file is damaged"
+                ) from None
         hashing = hash_objects_apart  # a file read: damage may crash HDF5 (see there)
         if id(f) in _OUTPUT_FDS:  # an output being written: its raw chunks must be on disk
             try:
@@ -387,6 +417,12 @@ class HDF5Format(Format):
 _OUTPUT_FDS: dict[int, int] = {}
 #: The raw copies still to make into each output being written, by ``id`` of its h5py file.
 _COPIES: dict[int, RawCopies] = {}
+
+
+def _close_opening(f: h5py.File, ahead: HashesAhead | None) -> None:
+    if ahead is not None:
+        ahead.cancel()
+    f.close()
 
 
 def _copied(out: h5py.File) -> RawCopies | None:

@@ -6,6 +6,7 @@ import itertools
 import math
 import os
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ from h5py._hl.filters import _COMP_FILTERS as COMP_FILTERS
 from h5py._hl.filters import get_filters
 from h5py._objects import phil
 
-from .apart import SILENCE_SECONDS, apart, beat
+from .apart import SILENCE_SECONDS, apart, beat, begin
+from .base import Ahead
 from .direct import PIECE, ColdReads
 from .hdf5_leaves import META_ATTR, replaced_twins
 from .hdf5_types import StoredType, space_anew, stored_type, type_anew
@@ -42,9 +44,28 @@ def hash_objects(
     another HDF5 format version (a packed file's). Objects copied there hold the same values,
     but HDF5 encodes their types (enum, compound, array) and dataspaces for the newer format:
     a hash that differs from its record only in those encodings is the recorded one."""
-    known = known or {}
-    copied_from = copied_from or {}
-    out = {"@": _attrs_hash_as(f, copied_from.get("@"), META_ATTR)}
+    each = _each_hash(f, file, skip, known or {}, copied_from or {}, own, {})
+    return {key: h for _name, key, h in each if h is not None}
+
+
+#: One hash of :func:`_each_hash`: the object's path, its key among the hashes (its path, or
+#: ``@`` and its path for its attributes) and the hash (``None``: its values are left out).
+Entry = tuple[str, str, str | None]
+
+
+def _each_hash(
+    f: h5py.File,
+    file: Path,
+    skip: Callable[[str], bool],
+    known: Mapping[str, str],
+    copied_from: Mapping[str, str],
+    own: str,
+    deferred: Mapping[str, int],
+) -> list[Entry]:
+    """:func:`hash_objects`, one :data:`Entry` each, in the walk's order; the values of the
+    datasets named in ``deferred`` are not read (their entry has no hash) where they store at
+    least the bytes it gives."""
+    out: list[Entry] = [("", "@", _attrs_hash_as(f, copied_from.get("@"), META_ATTR))]
     fd = os.open(file, os.O_RDONLY)
     cold = ColdReads(fd)  # an input checked before it is copied is usually not in memory
     try:
@@ -54,19 +75,127 @@ def hash_objects(
             if (ours and not is_replaced_twin(name, own)) or skip(name):
                 continue
             if isinstance(obj, h5py.Dataset) and ours:
-                out[name] = _twin_hash(obj)
+                out.append((name, name, _twin_hash(obj)))
             elif isinstance(obj, h5py.Dataset):
-                out[name] = known.get(name) or _raw_hash(obj, fd, cold)
-                recorded = copied_from.get(name)
-                if recorded is not None and out[name] != recorded:
-                    anew = _raw_hash(obj, fd, cold, headers_anew=True)
-                    out[name] = anew if anew == recorded else out[name]
+                least = deferred.get(name)
+                later = least is not None and name not in known
+                later = later and (not least or obj.id.get_storage_size() >= least)
+                h = None if later else _dataset_hash(name, obj, fd, cold, known, copied_from)
+                out.append((name, name, h))
             if len(obj.attrs):  # an attribute added to an object without any is still caught
-                out[f"@{name}"] = _attrs_hash_as(obj, copied_from.get(f"@{name}"))
+                attrs = _attrs_hash_as(obj, copied_from.get(f"@{name}"))
+                out.append((name, f"@{name}", attrs))
     finally:
         cold.close()
         os.close(fd)
     return out
+
+
+def _dataset_hash(
+    name: str,
+    ds: h5py.Dataset,
+    fd: int,
+    cold: ColdReads | None,
+    known: Mapping[str, str],
+    copied_from: Mapping[str, str],
+) -> str:
+    """The entry in :func:`hash_objects` of dataset ``ds`` at ``name``."""
+    found = known.get(name) or _raw_hash(ds, fd, cold)
+    recorded = copied_from.get(name)
+    if recorded is not None and found != recorded:
+        anew = _raw_hash(ds, fd, cold, headers_anew=True)
+        found = anew if anew == recorded else found
+    return found
+
+
+class HashesAhead:
+    """:func:`hash_objects_apart` of a file, begun as the file is opened, in a forked child
+    that runs beside the parent's walk of the file's datasets: ``verify`` and ``inflate``
+    check every object after that walk. Every object is hashed but obsdelta's own; the values
+    of the datasets named in ``deferred`` (stored leaves, which the check skips, and large
+    observations, which ``inflate`` hashes as it copies them), where they store at least the
+    bytes it gives, are left to :meth:`hashes`, as are the ``skip`` and ``known`` of
+    :func:`hash_objects`, which are not known before the walk."""
+
+    def __init__(
+        self,
+        f: h5py.File,
+        file: Path,
+        deferred: Mapping[str, int],
+        copied_from: Mapping[str, str],
+        own: str,
+    ) -> None:
+        self._f, self._file, self._copied_from, self._own = f, file, dict(copied_from), own
+        work = partial(_each_hash, f, file, _never, {}, self._copied_from, own, dict(deferred))
+        self._pending = begin(work, timeout=SILENCE_SECONDS)
+
+    def hashes(self, skip: Callable[[str], bool], known: Mapping[str, str]) -> dict[str, str]:
+        """What :func:`hash_objects_apart` with these ``skip`` and ``known`` gives."""
+        out: dict[str, str] = {}
+        left: list[str] = []
+        for name, key, h in self._pending.result():
+            if key != "@" and skip(name):
+                continue
+            if key == name and name in known and not owned(name, self._own):  # as read later
+                h = known[name]
+                if self._copied_from.get(name, h) != h:
+                    h = None  # as a walk would: its stored types may be encoded anew
+            if h is None:
+                left.append(name)
+            out[key] = h or ""
+        if left:  # not among the values the caller hashes: read in a child of their own
+            out |= apart(partial(self._values, left, known), timeout=SILENCE_SECONDS)
+        return out
+
+    def hashes_like(self, copied_from: Mapping[str, str]) -> bool:
+        """Whether the hashes were begun with these records of another format's hashes."""
+        return self._copied_from == dict(copied_from)
+
+    def cancel(self) -> None:
+        """End the child unheard (the file is closed, or its check failed first)."""
+        self._pending.cancel()
+
+    def _values(self, names: list[str], known: Mapping[str, str]) -> dict[str, str]:
+        fd = os.open(self._file, os.O_RDONLY)
+        try:
+            f, recorded = self._f, self._copied_from
+            return {n: _dataset_hash(n, f[n], fd, None, known, recorded) for n in names}
+        finally:
+            os.close(fd)
+
+
+def hashes_ahead(
+    f: h5py.File, path: Path, meta: Mapping[str, Any], own: str, ahead: Ahead
+) -> HashesAhead:
+    """Object hashes of the compressed file ``f`` begun beside the walk of its datasets; the
+    values of its stored leaves, and with ``ahead`` "objects-but-observations" of its
+    observations of :data:`AHEAD_LEFT_BYTES` or more, as its metadata names them, left to the
+    check. The metadata is not checked yet: what it names only decides what is read now, and
+    :meth:`~.hdf5.HDF5Format.object_hashes` uses the hashes only if its records are those of the
+    checked manifest."""
+    deferred: dict[str, int] = {}
+    keys, objects = meta.get("keys"), meta.get("objects")
+    fields = {"delta_key": 0}
+    if ahead == "objects-but-observations":
+        fields["obs_key"] = AHEAD_LEFT_BYTES
+    for record in keys if isinstance(keys, list) else []:
+        for field, least in fields.items():
+            key = record.get(field) if isinstance(record, dict) else None
+            if isinstance(key, list) and all(isinstance(k, str) for k in key):
+                deferred["/".join(key)] = least
+    recorded = objects if isinstance(objects, dict) else {}
+    return HashesAhead(f, path, deferred, recorded, own)
+
+
+#: Observations smaller than this are hashed by :class:`~.hdf5_objects.HashesAhead` even
+#: where the command hashes them as it copies them: a file of many episodes has thousands,
+#: each quicker to hash beside the walk than to look up again after it, and reading a large
+#: one twice would cost more than the walk.
+AHEAD_LEFT_BYTES = 1 << 20
+
+
+def _never(name: str) -> bool:
+    return False
 
 
 def is_replaced_twin(name: str, own: str = OWN) -> bool:
