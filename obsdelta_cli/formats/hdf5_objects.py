@@ -354,14 +354,13 @@ def header_hash(ds: h5py.Dataset, *, headers_anew: bool = False) -> Any:
 class Facts:
     """What a dataset is (creation properties, dataspace, dtype), each asked of HDF5 once."""
 
-    __slots__ = ("chunks", "dcpl", "dtype", "props", "shape", "space")
+    __slots__ = ("chunks", "dcpl", "dtype", "shape", "space")
 
     def __init__(self, dsid: Any) -> None:
         self.dcpl, self.space, self.dtype = dsid.get_create_plist(), dsid.get_space(), dsid.dtype
         self.shape = self.space.shape if self.space.get_simple_extent_type() != h5s.NULL else None
         chunked = self.dcpl.get_layout() == h5py.h5d.CHUNKED
         self.chunks = self.dcpl.get_chunk() if chunked else None
-        self.props = dataset_props(self)
 
 
 def dataset_props(facts: Facts) -> tuple[Any, ...]:
@@ -385,7 +384,7 @@ def _header(ds: h5py.Dataset, headers_anew: bool) -> tuple[Any, Facts]:
     dsid = ds.id
     with phil:
         what = Facts(dsid)
-        h.update(repr(what.props).encode())
+        h.update(repr(dataset_props(what)).encode())
         # The stored type in full (byte order, bit layout), not only what numpy makes of it.
         stored, space = dsid.get_type(), what.space
         if headers_anew:
