@@ -450,7 +450,8 @@ def _writer(
         deltas = {key_str(k) for k in new}
         handle = source.handle
         in_source = (lambda n: n in handle) if sink.copied else (lambda n: True)
-        objects = fmt.object_hashes(sink, object_skip(deltas, in_source))
+        # Hashed beside the block digests below where the container can (HDF5: in a child).
+        objects = fmt.begin_object_hashes(sink, object_skip(deltas, in_source))
         # Every stored leaf hashed in blocks, as the output holds it: taken where the pass read
         # or copied its rows (the observations, a folder's copied leaves, an HDF5 output's raw
         # copies), else read back from the output just written (in memory still), not from
@@ -479,7 +480,7 @@ def _writer(
             keys=tuple(records),
             options=options,
             checksums=checksums,
-            objects=objects,
+            objects=objects(),
             hash_block_bytes=BLOCK_BYTES,
             blocks=blocks,
             source_bytes=disk_size(source.path),

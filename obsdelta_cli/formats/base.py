@@ -297,6 +297,15 @@ class Format(ABC):
         hashed as it is copied."""
         return {}
 
+    def begin_object_hashes(
+        self, sink: Sink, skip: Callable[[str], bool]
+    ) -> Callable[[], dict[str, str]]:
+        """:meth:`object_hashes` of the output being written, begun now and given by the
+        function returned, so that a container that can hashes them beside the caller's next
+        work. Default: hashed now."""
+        hashes = self.object_hashes(sink, skip)
+        return lambda: hashes
+
     def streams(self, source: Source, keys: frozenset[Key], order: Sequence[Key]) -> frozenset[Key]:
         """Those of the unchanged leaves ``keys`` the output (its leaves ``order``) leaves to
         the encoding pass to write, and so to hash: :attr:`Plan.streamed`. A container that

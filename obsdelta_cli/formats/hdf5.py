@@ -21,6 +21,7 @@ import contextlib
 import os
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from ..arrays import BFLOAT16
 from ..checksum import Hasher
 from ..errors import InputError, UsageError, failed_write, write_error
 from ..filters import short_zstd_name
+from .apart import SILENCE_SECONDS, begin
 from .base import Ahead, Format, Key, LeafSpec, Plan, Sink, Source, key_str
 from .hdf5_copy import CopyRule, RawCopies, Relinks, copy_object, in_place
 from .hdf5_create import (
@@ -60,6 +62,7 @@ from .hdf5_objects import (
     hash_objects_apart,
     hashes_ahead,
     header_bytes,
+    objects_read,
 )
 from .hdf5_safety import (
     check_contained,
@@ -256,30 +259,24 @@ class HDF5Format(Format):
             ahead.cancel()  # begun with other records than these: hashed anew below
             ahead = None
         if ahead is not None:
-            try:
-                return ahead.hashes(skip, known)
-            except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
-                raise InputError(
-                    f"cannot read an object ({exc})", file=file, hint="the file is damaged"
-                ) from None
+            return objects_read(file, partial(ahead.hashes, skip, known))
         hashing = hash_objects_apart  # a file read: damage may crash HDF5 (see there)
         if id(f) in _OUTPUT_FDS:  # an output being written: its raw chunks must be on disk
-            try:
-                copies = _copied(f)
-                if copies is not None:
-                    known |= copies.digests
-                    if isinstance(opened, Sink):
-                        opened.blocks.update(copies.blocks)
-                f.flush()
-            except (OSError, RuntimeError) as exc:
-                raise write_error(file, exc) from None
+            known |= _written(opened, f, file)
             hashing = hash_objects  # written by obsdelta in this process, not damaged
-        try:
-            return hashing(f, file, skip, known, recorded, own)
-        except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
-            raise InputError(
-                f"cannot read an object ({exc})", file=file, hint="the file is damaged"
-            ) from None
+        return objects_read(file, partial(hashing, f, file, skip, known, recorded, own))
+
+    def begin_object_hashes(
+        self, sink: Sink, skip: Callable[[str], bool]
+    ) -> Callable[[], dict[str, str]]:
+        # In a forked child (:func:`~.apart.begin`), beside the caller's next work.
+        f: h5py.File = sink.handle
+        file = Path(f.filename)
+        if id(f) not in _OUTPUT_FDS:
+            return super().begin_object_hashes(sink, skip)
+        known = _written(sink, f, file)
+        work = partial(hash_objects, f, file, skip, known, None, own_of_source(sink))
+        return partial(objects_read, file, begin(work, timeout=SILENCE_SECONDS).result)
 
     def streams(self, source: Source, keys: frozenset[Key], order: Sequence[Key]) -> frozenset[Key]:
         paths = {key_str(k): k for k in keys if isinstance(source.leaves[k], H5Leaf)}
@@ -417,6 +414,21 @@ class HDF5Format(Format):
 _OUTPUT_FDS: dict[int, int] = {}
 #: The raw copies still to make into each output being written, by ``id`` of its h5py file.
 _COPIES: dict[int, RawCopies] = {}
+
+
+def _written(opened: Source | Sink, f: h5py.File, file: Path) -> dict[str, str]:
+    """Wait for the raw copies into the output ``f`` and flush it, so that what it holds is on
+    disk to be hashed; the copies' hashes by name (their blocks go to a sink's)."""
+    try:
+        copies = _copied(f)
+        f.flush()
+    except (OSError, RuntimeError) as exc:
+        raise write_error(file, exc) from None
+    if copies is None:
+        return {}
+    if isinstance(opened, Sink):
+        opened.blocks.update(copies.blocks)
+    return dict(copies.digests)
 
 
 def _close_opening(f: h5py.File, ahead: HashesAhead | None) -> None:

@@ -18,6 +18,7 @@ from h5py._hl.filters import _COMP_FILTERS as COMP_FILTERS
 from h5py._hl.filters import get_filters
 from h5py._objects import phil
 
+from ..errors import InputError
 from .apart import SILENCE_SECONDS, apart, beat, begin
 from .base import Ahead
 from .direct import PIECE, ColdReads
@@ -196,6 +197,16 @@ AHEAD_LEFT_BYTES = 1 << 20
 
 def _never(name: str) -> bool:
     return False
+
+
+def objects_read(file: Path, work: Callable[[], dict[str, str]]) -> dict[str, str]:
+    """``work()``, what HDF5 raises as it reads ``file``'s objects said as damage."""
+    try:
+        return work()
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
+        raise InputError(
+            f"cannot read an object ({exc})", file=file, hint="the file is damaged"
+        ) from None
 
 
 def is_replaced_twin(name: str, own: str = OWN) -> bool:
