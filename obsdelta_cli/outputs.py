@@ -12,6 +12,9 @@ from typing import Any
 
 from .errors import ObsdeltaError, OutputError
 from .formats import Plan, Source, detect, disk_size
+from .formats.hdf5 import is_hdf5
+from .formats.hdf5_meta import read_meta
+from .formats.hdf5_walk import h5_file
 
 
 def replaceable_by(kind: str) -> Callable[[Path], None]:
@@ -23,17 +26,20 @@ def replaceable_by(kind: str) -> Callable[[Path], None]:
 def check_replaceable(output: Path, kind: str) -> None:
     """Refuse to replace ``output`` unless obsdelta could have written it.
 
-    Replaceable: an earlier obsdelta output of any format (its metadata says so), or a dataset
-    of format ``kind`` (the output's own, so that ``inflate --force`` replaces an earlier
-    inflate). Anything else (a folder of other files, a file of another kind, something that
-    cannot be read) raises :class:`OutputError` and is left as it is. The check reads the target
-    the way an input is read, so it runs no code from it and follows no link out of it.
+    Replaceable: an earlier obsdelta output of any format (its metadata says so, whatever else
+    in it is damaged), or a dataset of format ``kind`` (the output's own, so that ``inflate
+    --force`` replaces an earlier inflate). Anything else (a folder of other files, a file of
+    another kind, something that cannot be read) raises :class:`OutputError` and is left as it
+    is. The check reads the target the way an input is read, so it runs no code from it and
+    follows no link out of it.
     """
     if not os.path.lexists(output):
         return
     what = "neither an obsdelta output nor a dataset obsdelta reads"
     if not output.is_symlink():
         try:
+            if _holds_meta(output):
+                return
             fmt = detect(output)
             if fmt.name == kind:
                 return
@@ -53,6 +59,16 @@ def check_replaceable(output: Path, kind: str) -> None:
         file=output,
         hint="delete it yourself if it should go, or choose another output",
     )
+
+
+def _holds_meta(output: Path) -> bool:
+    """Whether ``output`` is an HDF5 file that holds obsdelta's metadata (a compressed or packed
+    output), read from its root attribute alone (in a child, as every input's is): a file of
+    thousands of objects is not walked as an input is before it is replaced."""
+    if not is_hdf5(output):
+        return False
+    with h5_file(output) as f:
+        return read_meta(f, output) is not None
 
 
 def estimate_output_bytes(source: Source, plan: Plan) -> int:

@@ -31,6 +31,8 @@ from obsdelta_cli.atomic import (
     release_locks,
 )
 from obsdelta_cli.errors import OutputError
+from obsdelta_cli.formats import hdf5_safety
+from obsdelta_cli.formats.apart import ChildFault
 from obsdelta_cli.formats.base import LeafSpec, Plan, Source
 from obsdelta_cli.outputs import check_replaceable, estimate_output_bytes, replaceable_by
 
@@ -697,3 +699,25 @@ def test_outputs_leave_the_page_cache_once_on_disk_and_inputs_stay(
     inner = [p for p in (work / "inner").rglob("*") if p.is_file()] or [work / "inner"]
     assert sum(cached_pages(p) for p in inner) > 0
     verify(out)
+
+
+def test_force_knows_an_hdf5_output_by_its_metadata_without_a_walk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An earlier compressed or packed HDF5 output is known by its root attribute: its
+    objects (thousands in a file of many episodes) are not walked as an input's are. A file
+    without the attribute still is."""
+    small, packed = tmp_path / "small.hdf5", tmp_path / "packed.hdf5"
+    compress(SAMPLE / "hopper_robomimic.hdf5", small, codec="exact")
+    compress(SAMPLE / "hopper_robomimic.hdf5", packed, codec="exact", pack=True)
+    copies = [shutil.copy(p, tmp_path / f"copy-{p.name}") for p in (small, packed)]
+    plain = Path(shutil.copy(SAMPLE / "hopper_d4rl.hdf5", tmp_path / "plain.hdf5"))
+
+    def no_walk(*_: object) -> None:
+        raise AssertionError("walked")
+
+    monkeypatch.setattr(hdf5_safety, "_refusal", no_walk)
+    for copy in copies:  # new files: nothing found out about them before
+        check_replaceable(Path(copy), "ted-memmap")
+    with pytest.raises(ChildFault, match="walked"):
+        check_replaceable(plain, "ted-memmap")
