@@ -250,30 +250,28 @@ class HDF5Format(Format):
         known: Mapping[str, str] | None = None,
         recorded: Mapping[str, str] | None = None,
     ) -> dict[str, str]:
+        if isinstance(opened, Sink):  # an output being written: one way to hash it
+            return self.begin_object_hashes(opened, skip)()
         f: h5py.File = opened.handle
         file = Path(f.filename)
-        own = own_of_source(opened)
         known = dict(known or {})
-        ahead = opened.memo.pop("ahead", None) if isinstance(opened, Source) else None
+        ahead = opened.memo.pop("ahead", None)
         if ahead is not None and not ahead.hashes_like(recorded or {}):
             ahead.cancel()  # begun with other records than these: hashed anew below
             ahead = None
         if ahead is not None:
             return objects_read(file, partial(ahead.hashes, skip, known))
-        hashing = hash_objects_apart  # a file read: damage may crash HDF5 (see there)
-        if id(f) in _OUTPUT_FDS:  # an output being written: its raw chunks must be on disk
-            known |= _written(opened, f, file)
-            hashing = hash_objects  # written by obsdelta in this process, not damaged
-        return objects_read(file, partial(hashing, f, file, skip, known, recorded, own))
+        # A file read: damage may crash HDF5, so it is hashed apart (see there).
+        work = partial(hash_objects_apart, f, file, skip, known, recorded, own_of_source(opened))
+        return objects_read(file, work)
 
     def begin_object_hashes(
         self, sink: Sink, skip: Callable[[str], bool]
     ) -> Callable[[], dict[str, str]]:
-        # In a forked child (:func:`~.apart.begin`), beside the caller's next work.
+        # In a forked child (:func:`~.apart.begin`), beside the caller's next work; its raw
+        # chunks must be on disk first. Written by obsdelta in this process: not damaged.
         f: h5py.File = sink.handle
         file = Path(f.filename)
-        if id(f) not in _OUTPUT_FDS:
-            return super().begin_object_hashes(sink, skip)
         known = _written(sink, f, file)
         work = partial(hash_objects, f, file, skip, known, None, own_of_source(sink))
         return partial(objects_read, file, begin(work, timeout=SILENCE_SECONDS).result)
@@ -416,9 +414,9 @@ _OUTPUT_FDS: dict[int, int] = {}
 _COPIES: dict[int, RawCopies] = {}
 
 
-def _written(opened: Source | Sink, f: h5py.File, file: Path) -> dict[str, str]:
+def _written(sink: Sink, f: h5py.File, file: Path) -> dict[str, str]:
     """Wait for the raw copies into the output ``f`` and flush it, so that what it holds is on
-    disk to be hashed; the copies' hashes by name (their blocks go to a sink's)."""
+    disk to be hashed; the copies' hashes by name (their blocks go to the sink's)."""
     try:
         copies = _copied(f)
         f.flush()
@@ -426,8 +424,7 @@ def _written(opened: Source | Sink, f: h5py.File, file: Path) -> dict[str, str]:
         raise write_error(file, exc) from None
     if copies is None:
         return {}
-    if isinstance(opened, Sink):
-        opened.blocks.update(copies.blocks)
+    sink.blocks.update(copies.blocks)
     return dict(copies.digests)
 
 
