@@ -20,7 +20,7 @@ def open_input(
     """Open ``path`` with the adapter its content calls for; ``cache_mb`` sizes the chunk
     cache of each dataset of an HDF5 file read for training (packed or not); ``checking``:
     every object of the file will be checked against its manifest (``Format.object_hashes``),
-    which an HDF5 file then begins as it is opened."""
+    which an HDF5 file, compressed or packed, then begins as it is opened."""
     fmt = detect(path)
     return fmt, open_detected(fmt, path, cache_mb=cache_mb, checking=checking)
 
@@ -32,7 +32,7 @@ def open_detected(
     :func:`open_input`)."""
     if cache_mb is not None and isinstance(fmt, Packed | HDF5Format):
         fmt.cache_bytes = max(0, int(cache_mb * 2**20))
-    if checking is not None and isinstance(fmt, HDF5Format):
+    if checking is not None and isinstance(fmt, HDF5Format | Packed):
         fmt.hash_ahead = checking
     source = fmt.open(path)
     if source.valid_rows == 0:

@@ -4,6 +4,7 @@ properties read it (a hash that differed would call every file written before da
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 from obsdelta_cli import compress
 from obsdelta_cli.formats import detect
+from obsdelta_cli.formats.base import Ahead
 from obsdelta_cli.formats.hdf5 import HDF5Format
 from obsdelta_cli.formats.hdf5_leaves import META_ATTR
 from obsdelta_cli.formats.hdf5_objects import (
@@ -24,6 +26,7 @@ from obsdelta_cli.formats.hdf5_objects import (
     header_hash,
 )
 from obsdelta_cli.formats.hdf5_walk import OWN
+from obsdelta_cli.formats.packed import Packed
 from obsdelta_cli.manifest import parse
 
 from .conftest import SAMPLE
@@ -157,3 +160,37 @@ def test_a_format_opened_to_check_begins_its_hashes_and_ends_them_unasked(
         assert found == plain
     finally:
         fmt.close(source)
+
+
+@pytest.mark.parametrize("sample", ["hopper_robomimic.hdf5", "hopper_d4rl.hdf5"])
+@pytest.mark.parametrize("ahead", ["objects", "objects-but-observations"])
+def test_a_packed_file_opened_to_check_begins_its_hashes(
+    sample: str, ahead: Ahead, tmp_path: Path
+) -> None:
+    """A packed file's objects, begun as it is opened, hash as a walk after the open does,
+    whatever the check skips; opened and closed before the check, it leaves no child."""
+    packed = tmp_path / "packed.h5"
+    compress(SAMPLE / sample, packed, pack=True)
+    fmt = detect(packed)
+    assert isinstance(fmt, Packed)
+    with h5py.File(packed) as f:
+        names: list[str] = []
+        f.visit(names.append)
+    skips: list[Callable[[str], bool]] = [lambda n: False, set(names[::3]).__contains__]
+    before = _children()
+    for skip in skips:
+        found = {}
+        for begun in (ahead, None):
+            fmt.hash_ahead = begun
+            source = fmt.open(packed)
+            try:
+                assert ("ahead" in source.memo) == (begun is not None)
+                found[begun] = fmt.object_hashes(source, skip, None, None)
+            finally:
+                fmt.close(source)
+        assert found[ahead] == found[None]
+        assert list(found[ahead]) == list(found[None])
+        assert len(found[None]) > 3
+    fmt.hash_ahead = ahead
+    fmt.close(fmt.open(packed))
+    assert _children() == before

@@ -221,7 +221,8 @@ def inflate_packed(
     (with ``named_after_input``, at its :func:`unpacked_name` beside ``output``); ``inflate``
     (the command's own function) inflates the unpacked inner container."""
     input, output = Path(input), Path(output)
-    fmt, source = open_input(input)
+    # The objects unpacking copies whole are checked before they are copied (begun here).
+    fmt, source = open_input(input, checking="objects")
     opened = True
     try:
         manifest = manifest_of(source)

@@ -58,8 +58,8 @@ from .hdf5_leaves import (
 from .hdf5_meta import own_of, own_of_source, read_meta, write_meta
 from .hdf5_objects import (
     HashesAhead,
+    begun_or_walked,
     hash_objects,
-    hash_objects_apart,
     hashes_ahead,
     header_bytes,
     objects_read,
@@ -254,15 +254,10 @@ class HDF5Format(Format):
             return self.begin_object_hashes(opened, skip)()
         f: h5py.File = opened.handle
         file = Path(f.filename)
-        known = dict(known or {})
         ahead = opened.memo.pop("ahead", None)
-        if ahead is not None and not ahead.hashes_like(recorded or {}):
-            ahead.cancel()  # begun with other records than these: hashed anew below
-            ahead = None
-        if ahead is not None:
-            return objects_read(file, partial(ahead.hashes, skip, known))
-        # A file read: damage may crash HDF5, so it is hashed apart (see there).
-        work = partial(hash_objects_apart, f, file, skip, known, recorded, own_of_source(opened))
+        # A file read: damage may crash HDF5, so it is hashed apart (see hash_objects_apart).
+        own = own_of_source(opened)
+        work = partial(begun_or_walked, ahead, f, file, skip, known, recorded, own)
         return objects_read(file, work)
 
     def begin_object_hashes(

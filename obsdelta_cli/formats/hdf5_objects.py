@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -165,15 +165,40 @@ class HashesAhead:
             os.close(fd)
 
 
+def begun_or_walked(
+    ahead: HashesAhead | None,
+    f: h5py.File,
+    file: Path,
+    skip: Callable[[str], bool],
+    known: Mapping[str, str] | None = None,
+    copied_from: Mapping[str, str] | None = None,
+    own: str = OWN,
+) -> dict[str, str]:
+    """:func:`hash_objects_apart` of ``f``, taken from the hashes ``ahead`` began as the file
+    was opened where they were begun with the records ``copied_from``; otherwise (they are
+    then ended unheard) walked now."""
+    recorded = copied_from or {}
+    if ahead is not None and ahead.hashes_like(recorded):
+        return ahead.hashes(skip, known or {})
+    if ahead is not None:
+        ahead.cancel()
+    return hash_objects_apart(f, file, skip, known, recorded, own)
+
+
 def hashes_ahead(
-    f: h5py.File, path: Path, meta: Mapping[str, Any], own: str, ahead: Ahead
+    f: h5py.File,
+    path: Path,
+    meta: Mapping[str, Any],
+    own: str,
+    ahead: Ahead,
+    left: Iterable[str] = (),
 ) -> HashesAhead:
     """Object hashes of the compressed file ``f`` begun beside the walk of its datasets; the
     values of its stored leaves, and with ``ahead`` "objects-but-observations" of its
     observations of :data:`AHEAD_LEFT_BYTES` or more, as its metadata names them, left to the
-    check. The metadata is not checked yet: what it names only decides what is read now, and
-    :meth:`~.hdf5.HDF5Format.object_hashes` uses the hashes only if its records are those of the
-    checked manifest."""
+    check, as are those of the datasets ``left`` (a packed file's repacked ones). The metadata
+    is not checked yet: what it names only decides what is read now, and the hashes are used
+    only where its records are those the check is given (:meth:`HashesAhead.hashes_like`)."""
     deferred: dict[str, int] = {}
     keys, objects = meta.get("keys"), meta.get("objects")
     fields = {"delta_key": 0}
@@ -184,6 +209,7 @@ def hashes_ahead(
             key = record.get(field) if isinstance(record, dict) else None
             if isinstance(key, list) and all(isinstance(k, str) for k in key):
                 deferred["/".join(key)] = least
+    deferred |= dict.fromkeys(left, 0)
     recorded = objects if isinstance(objects, dict) else {}
     return HashesAhead(f, path, deferred, recorded, own)
 

@@ -19,7 +19,7 @@ from .hdf5_copy import Relinks, copy_object, copy_values
 from .hdf5_create import ALLOC_TIMES, create_dataset, dcpl_like
 from .hdf5_leaves import META_ATTR
 from .hdf5_meta import manifest_path, own_of_source, write_meta
-from .hdf5_objects import hash_objects_apart
+from .hdf5_objects import begun_or_walked
 from .hdf5_safety import damaged_pack, output_libver, reading_pack
 from .hdf5_walk import layout_twins
 from .pack_io import group_like, h5_output
@@ -72,10 +72,13 @@ def _check_kept(packed: Source, datasets: dict[str, Any], inner: Manifest) -> No
     """The objects unpacking copies whole (those not repacked), checked against the inner
     container's record before HDF5 is asked to copy them, as inflate checks what it copies:
     HDF5 can crash on a damaged object it copies."""
-    # Read from the file the objects are in: a flat packed file's skeleton is apart.
+    # Read from the file the objects are in: a flat packed file's skeleton is apart. Begun as
+    # the file was opened, where the command asked for that (see Packed.hash_ahead).
+    ahead = packed.memo.pop("ahead", None)
     with reading_pack(packed.path):
         held = Path(packed.handle.filename)
-        found = hash_objects_apart(
+        found = begun_or_walked(
+            ahead,
             packed.handle,
             held,
             lambda name: name in datasets,

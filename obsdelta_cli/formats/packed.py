@@ -40,10 +40,10 @@ import xxhash
 from ..arrays import DTYPES
 from ..errors import UsageError
 from ..filters import plugins
-from .base import SIDECAR, ArrayStore, Format, Key, Plan, Sink, Source, key_str
+from .base import SIDECAR, Ahead, ArrayStore, Format, Key, Plan, Sink, Source, key_str
 from .hdf5_leaves import H5Arrays, leaf_dtype, leaves_of
 from .hdf5_meta import own_of, read_meta
-from .hdf5_objects import attrs_hash, hash_objects_apart
+from .hdf5_objects import HashesAhead, attrs_hash, begun_or_walked, hashes_ahead
 from .hdf5_safety import check_contained, damaged_file, damaged_pack
 from .hdf5_walk import file_reads, h5_file, object_at, own_key
 from .leaf import LazyLeaf
@@ -71,6 +71,9 @@ class Packed(Format):
     summary = "one packed HDF5 file written by compress --pack"
     #: HDF5 chunk cache per opened dataset; :func:`obsdelta_cli.open_dataset` sets its own.
     cache_bytes = COMMAND_CACHE_BYTES
+    #: Whether, and how, to begin the check of an HDF5 inner's objects as the file is opened
+    #: (see :class:`~.hdf5_objects.HashesAhead`): set by the commands that check them.
+    hash_ahead: Ahead | None = None
 
     @classmethod
     def sniff(cls, path: Path) -> bool:
@@ -105,6 +108,9 @@ class Packed(Format):
                 leaves = flat.leaves(handle)
                 arrays: ArrayStore = H5Arrays(handle, path, own=own)
             elif info["kind"] == "hdf5":
+                if self.hash_ahead is not None:  # beside the walk of the datasets below
+                    repacked = list(info["datasets"])  # hashed by their values (object_hashes)
+                    memo["ahead"] = hashes_ahead(f, path, meta, own, self.hash_ahead, repacked)
                 leaves = self._hdf5_leaves(f, path, info, own)
                 arrays = H5Arrays(f, path, own=own)
             else:
@@ -183,7 +189,8 @@ class Packed(Format):
             flat = opened.memo.get("flat") if isinstance(opened, Source) else None
             if flat is not None:
                 return _hdf5_hashes(f, file, info, meta or {}, skip, known or {}, flat.leaf)
-            return _hdf5_hashes(f, file, info, meta or {}, skip, known or {})
+            ahead = opened.memo.pop("ahead", None) if isinstance(opened, Source) else None
+            return _hdf5_hashes(f, file, info, meta or {}, skip, known or {}, ahead=ahead)
         except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
             raise damaged_pack(file, f"cannot read an object ({exc})") from None
 
@@ -207,7 +214,11 @@ class Packed(Format):
 
 
 def _close(f: h5py.File, memo: dict[str, Any] | None, handle: Any) -> None:
-    """Close a packed file, and a flat one's skeleton (its temporary file deleted)."""
+    """Close a packed file, and a flat one's skeleton (its temporary file deleted); end the
+    object check begun as it was opened."""
+    ahead = (memo or {}).pop("ahead", None)
+    if ahead is not None:
+        ahead.cancel()
     flat = (memo or {}).get("flat")
     if flat is not None:
         if handle is not None and handle is not f:
@@ -262,17 +273,21 @@ def _hdf5_hashes(
     skip: Callable[[str], bool],
     known: Mapping[str, str],
     member: Callable[[h5py.Dataset, str], LazyLeaf] | None = None,
+    ahead: HashesAhead | None = None,
 ) -> dict[str, str]:
     """An HDF5 inner's objects; a repacked dataset in ``known`` is taken as recorded there
     (its values are checked as a leaf), the others are read and hashed (a flat file's
-    members, ``member``, from their families)."""
+    members, ``member``, from their families); ``ahead``: the hashes of the objects kept as
+    they are, begun as the file was opened."""
     repacked: dict[str, Any] = info["datasets"]
     # The objects kept as they are, in a child: a damaged attribute can crash HDF5 (.apart).
     recorded = meta.get("objects") or {}
     own = own_of(meta, file)
-    out = hash_objects_apart(
-        f, file, lambda n: n in repacked or skip(n), copied_from=recorded, own=own
-    )
+
+    def kept(name: str) -> bool:
+        return name in repacked or skip(name)
+
+    out = begun_or_walked(ahead, f, file, kept, copied_from=recorded, own=own)
     for name, entry in repacked.items():
         if skip(name):
             continue
