@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -786,3 +787,37 @@ def test_frames_read_in_order_are_decoded_ahead(tmp_path: Path, pong: TensorDict
         assert sorted(decoded) == list(range(chunks))  # each once
     finally:
         fmt.close(source)
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["compressed", "packed"])
+def test_an_output_written_again_later_is_the_same_bytes(pack: bool, tmp_path: Path) -> None:
+    """HDF5 outputs carry no times: written again two seconds later (HDF5 keeps times in
+    seconds), they are the same bytes. A packed robomimic file's groups stored the times they
+    were made, as did the outputs of an input whose groups store times."""
+    src = tmp_path / "in.hdf5"
+    with (
+        h5py.File(SAMPLE / "hopper_robomimic.hdf5") as a,
+        h5py.File(src, "w", libver="latest") as b,
+    ):
+        timed = h5py.h5p.create(h5py.h5p.GROUP_CREATE)
+        timed.set_obj_track_times(True)  # as HDF5's C library makes groups unless told not to
+
+        def made(name: str, obj: Any) -> None:
+            if isinstance(obj, h5py.Group):
+                h5py.h5g.create(b.id, name.encode(), gcpl=timed)
+                b[name].attrs.update(obj.attrs)
+            else:
+                b.create_dataset(name, data=obj[()], track_times=False)
+
+        a.visititems(made)
+        b.attrs.update(a.attrs)
+        stamped = [n for n in ("data", "data/demo_0") if h5py.h5o.get_info(b.id, n.encode()).ctime]
+    assert stamped
+    for given in (src, SAMPLE / "hopper_robomimic.hdf5"):
+        outputs = []
+        for run in range(2):
+            out = tmp_path / f"out-{given.stem}-{run}.hdf5"
+            compress(given, out, pack=pack)
+            outputs.append(out.read_bytes())
+            time.sleep(2.0 if run == 0 else 0)
+        assert outputs[0] == outputs[1], given.name

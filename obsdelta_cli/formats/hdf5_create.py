@@ -103,16 +103,18 @@ def _library() -> Any:
 
 def gcpl_like(group: h5py.Group) -> h5py.h5p.PropGCID:
     """New group creation properties with ``group``'s settings: link and attribute creation
-    order, attribute and link storage thresholds, estimated link sizes, local heap size. Not
-    ``group``'s own property list: HDF5 puts the group's link info in it, addresses in its
-    file included, and a group created from it in another file pointed at them (copying an
-    object into it failed: "wrong fractal heap header signature")."""
+    order, attribute and link storage thresholds, estimated link sizes, local heap size; no
+    modification times. Not ``group``'s own property list: HDF5 puts the group's link info in
+    it, addresses in its file included, and a group created from it in another file pointed at
+    them (copying an object into it failed: "wrong fractal heap header signature")."""
     src = group.id.get_create_plist()
     new = h5py.h5p.create(h5py.h5p.GROUP_CREATE)
     new.set_link_creation_order(src.get_link_creation_order())
     new.set_attr_creation_order(src.get_attr_creation_order())
     new.set_attr_phase_change(*src.get_attr_phase_change())
-    new.set_obj_track_times(src.get_obj_track_times())
+    # No times, whatever ``group`` asks: an output is the same bytes whenever it is written
+    # (a packed file's newer object headers store them where its inner's did not).
+    new.set_obj_track_times(False)
     lib = _library()
     if lib is not None:  # the settings h5py does not wrap
         a, b, size = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_size_t()
