@@ -35,8 +35,9 @@ def main() -> None:
     # them spinning: ~0.05 s of CPU per process, taken from the other worker under --jobs.
     # obsdelta's one BLAS call, a matrix-vector product of narrow rows, is too small to share.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    interrupts.install()
     try:
+        # Inside the ``try``: a signal can arrive between the two handlers' installation.
+        interrupts.install()
         from .cli import app
 
         app(prog_name="obsdelta")

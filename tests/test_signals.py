@@ -72,6 +72,32 @@ def test_interrupt_at_start_up(entry: str, tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_handlers_are_installed_still_ends_in_one_line(
+    tmp_path: Path, signum: int
+) -> None:
+    # The kernel shows SIGTERM caught as soon as its handler is set, while Python is still in
+    # ``signal.signal``: a signal sent then ran the first handler before ``main`` was ready.
+    script = (
+        "import signal, sys\n"
+        "from obsdelta_cli import __main__\n"
+        "real = signal.signal\n"
+        "def signal_then_interrupt(signum, handler):\n"
+        "    previous = real(signum, handler)\n"
+        "    if signum == signal.SIGTERM:\n"
+        f"        signal.raise_signal({int(signum)})\n"
+        "    return previous\n"
+        "signal.signal = signal_then_interrupt\n"
+        "sys.argv = ['obsdelta', '--help']\n"
+        "__main__.main()\n"
+    )
+    proc = _start([sys.executable, "-c", script], tmp_path)
+    code, out, err = finish(proc)
+    word = "terminated" if signum == signal.SIGTERM else "interrupted"
+    assert code == 128 + signum, err
+    assert err == f"obsdelta: {word}; no partial output was left\n" and out == ""
+
+
 def test_interrupt_in_generated_code_still_exits_130_under_python_m(tmp_path: Path) -> None:
     # A KeyboardInterrupt that leaves code run by exec() of a string (dataclasses and torch make
     # functions that way at import) sets a CPython flag that turns ``python -m``'s exit 130 into
