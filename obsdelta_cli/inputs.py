@@ -32,7 +32,7 @@ def open_detected(
     :func:`open_input`)."""
     if cache_mb is not None and isinstance(fmt, Packed | HDF5Format):
         fmt.cache_bytes = max(0, int(cache_mb * 2**20))
-    if checking is not None and isinstance(fmt, HDF5Format | Packed):
+    if checking is not None:
         fmt.hash_ahead = checking
     source = fmt.open(path)
     if source.valid_rows == 0:

@@ -23,6 +23,7 @@ from obsdelta_cli.formats.hdf5_objects import (
     HashesAhead,
     dataset_props,
     hash_objects_apart,
+    hashes_ahead,
     header_hash,
 )
 from obsdelta_cli.formats.hdf5_walk import OWN
@@ -160,6 +161,16 @@ def test_a_format_opened_to_check_begins_its_hashes_and_ends_them_unasked(
         assert found == plain
     finally:
         fmt.close(source)
+
+
+def test_metadata_recording_no_objects_begins_no_hashes(compressed: Path) -> None:
+    """Metadata of the first format version records no objects, whose check never asks for
+    the hashes: no child is started for them."""
+    before = _children()
+    with h5py.File(compressed) as f:
+        for meta in ({"keys": []}, {"keys": [], "objects": {}}, {"objects": ["@"]}):
+            assert hashes_ahead(f, compressed, meta, OWN, "objects") is None
+        assert _children() == before
 
 
 @pytest.mark.parametrize("sample", ["hopper_robomimic.hdf5", "hopper_d4rl.hdf5"])

@@ -244,6 +244,11 @@ class Format(ABC):
     #: Whether each episode stores its T+1 observations once (Minari): training reads then
     #: give transition ``t`` ``observations[t + 1]`` of its episode as its next observation.
     observations_once: ClassVar[bool] = False
+    #: Set by the commands that check every object of a file (:meth:`object_hashes`): opening
+    #: it then begins that check beside the walk of its datasets, ``Ahead`` saying which values
+    #: are left to the check. HDF5 files, compressed or packed, begin it
+    #: (:class:`~.hdf5_objects.HashesAhead`); the other formats have nothing to begin.
+    hash_ahead: Ahead | None = None
 
     @classmethod
     def ted_name(cls, key: Key) -> Key:

@@ -33,7 +33,7 @@ from ..checksum import Hasher
 from ..errors import InputError, UsageError, failed_write, write_error
 from ..filters import short_zstd_name
 from .apart import SILENCE_SECONDS, begin
-from .base import Ahead, Format, Key, LeafSpec, Plan, Sink, Source, key_str
+from .base import Format, Key, LeafSpec, Plan, Sink, Source, key_str
 from .hdf5_copy import CopyRule, RawCopies, Relinks, copy_object, in_place
 from .hdf5_create import (
     ALLOC_TIMES,
@@ -58,8 +58,8 @@ from .hdf5_leaves import (
 from .hdf5_meta import own_of, own_of_source, read_meta, write_meta
 from .hdf5_objects import (
     HashesAhead,
-    begun_or_walked,
     hash_objects,
+    hash_objects_apart,
     hashes_ahead,
     header_bytes,
     objects_read,
@@ -149,11 +149,6 @@ class HDF5Format(Format):
     #: Decoded chunks kept per filtered dataset for random reads (``open_dataset`` sets it);
     #: ``None`` for the commands, which read each chunk once, in order.
     cache_bytes: int | None = None
-    #: Whether opening a compressed file begins hashing its objects in a child, beside the
-    #: walk of its datasets (:class:`~.hdf5_objects.HashesAhead`), and which values that
-    #: leaves to :meth:`object_hashes`: set by the commands that check every object (see
-    #: :data:`~.base.Ahead`).
-    hash_ahead: Ahead | None = None
 
     @classmethod
     def sniff(cls, path: Path) -> bool:
@@ -257,7 +252,7 @@ class HDF5Format(Format):
         ahead = opened.memo.pop("ahead", None)
         # A file read: damage may crash HDF5, so it is hashed apart (see hash_objects_apart).
         own = own_of_source(opened)
-        work = partial(begun_or_walked, ahead, f, file, skip, known, recorded, own)
+        work = partial(hash_objects_apart, f, file, skip, known, recorded, own, ahead=ahead)
         return objects_read(file, work)
 
     def begin_object_hashes(

@@ -165,26 +165,6 @@ class HashesAhead:
             os.close(fd)
 
 
-def begun_or_walked(
-    ahead: HashesAhead | None,
-    f: h5py.File,
-    file: Path,
-    skip: Callable[[str], bool],
-    known: Mapping[str, str] | None = None,
-    copied_from: Mapping[str, str] | None = None,
-    own: str = OWN,
-) -> dict[str, str]:
-    """:func:`hash_objects_apart` of ``f``, taken from the hashes ``ahead`` began as the file
-    was opened where they were begun with the records ``copied_from``; otherwise (they are
-    then ended unheard) walked now."""
-    recorded = copied_from or {}
-    if ahead is not None and ahead.hashes_like(recorded):
-        return ahead.hashes(skip, known or {})
-    if ahead is not None:
-        ahead.cancel()
-    return hash_objects_apart(f, file, skip, known, recorded, own)
-
-
 def hashes_ahead(
     f: h5py.File,
     path: Path,
@@ -192,15 +172,19 @@ def hashes_ahead(
     own: str,
     ahead: Ahead,
     left: Iterable[str] = (),
-) -> HashesAhead:
+) -> HashesAhead | None:
     """Object hashes of the compressed file ``f`` begun beside the walk of its datasets; the
     values of its stored leaves, and with ``ahead`` "objects-but-observations" of its
     observations of :data:`AHEAD_LEFT_BYTES` or more, as its metadata names them, left to the
     check, as are those of the datasets ``left`` (a packed file's repacked ones). The metadata
     is not checked yet: what it names only decides what is read now, and the hashes are used
-    only where its records are those the check is given (:meth:`HashesAhead.hashes_like`)."""
-    deferred: dict[str, int] = {}
+    only where its records are those the check is given (:meth:`HashesAhead.hashes_like`).
+    ``None`` where the metadata records no objects: they are then not checked (metadata of
+    the first format version), or, if they are, walked after all."""
     keys, objects = meta.get("keys"), meta.get("objects")
+    if not (isinstance(objects, dict) and objects):
+        return None
+    deferred: dict[str, int] = {}
     fields = {"delta_key": 0}
     if ahead == "objects-but-observations":
         fields["obs_key"] = AHEAD_LEFT_BYTES
@@ -210,8 +194,7 @@ def hashes_ahead(
             if isinstance(key, list) and all(isinstance(k, str) for k in key):
                 deferred["/".join(key)] = least
     deferred |= dict.fromkeys(left, 0)
-    recorded = objects if isinstance(objects, dict) else {}
-    return HashesAhead(f, path, deferred, recorded, own)
+    return HashesAhead(f, path, deferred, objects, own)
 
 
 #: Observations smaller than this are hashed by :class:`~.hdf5_objects.HashesAhead` even
@@ -252,13 +235,20 @@ def hash_objects_apart(
     known: Mapping[str, str] | None = None,
     copied_from: Mapping[str, str] | None = None,
     own: str = OWN,
+    *,
+    ahead: HashesAhead | None = None,
 ) -> dict[str, str]:
     """:func:`hash_objects` in a forked child (:mod:`.apart`): hashing reads every object's
     attributes, and a damaged one can crash HDF5 itself, or make it loop. The child is given
-    :data:`~.apart.SILENCE_SECONDS` between signs of progress, however long the whole takes."""
-    return apart(
-        lambda: hash_objects(f, file, skip, known, copied_from, own), timeout=SILENCE_SECONDS
-    )
+    :data:`~.apart.SILENCE_SECONDS` between signs of progress, however long the whole takes.
+    ``ahead``: the hashes begun as the file was opened (:func:`hashes_ahead`), taken where they
+    were begun with the records ``copied_from``, and otherwise ended unheard."""
+    recorded = copied_from or {}
+    if ahead is not None and ahead.hashes_like(recorded):
+        return ahead.hashes(skip, known or {})
+    if ahead is not None:
+        ahead.cancel()
+    return apart(lambda: hash_objects(f, file, skip, known, recorded, own), timeout=SILENCE_SECONDS)
 
 
 def _attrs_hash_as(obj: Any, recorded: str | None, exclude: str | None = None) -> str:

@@ -19,7 +19,7 @@ from .hdf5_copy import Relinks, copy_object, copy_values
 from .hdf5_create import ALLOC_TIMES, create_dataset, dcpl_like
 from .hdf5_leaves import META_ATTR
 from .hdf5_meta import manifest_path, own_of_source, write_meta
-from .hdf5_objects import begun_or_walked
+from .hdf5_objects import hash_objects_apart
 from .hdf5_safety import damaged_pack, output_libver, reading_pack
 from .hdf5_walk import layout_twins
 from .pack_io import group_like, h5_output
@@ -77,13 +77,13 @@ def _check_kept(packed: Source, datasets: dict[str, Any], inner: Manifest) -> No
     ahead = packed.memo.pop("ahead", None)
     with reading_pack(packed.path):
         held = Path(packed.handle.filename)
-        found = begun_or_walked(
-            ahead,
+        found = hash_objects_apart(
             packed.handle,
             held,
             lambda name: name in datasets,
             copied_from=inner.objects,
             own=own_of_source(packed),
+            ahead=ahead,
         )
     differing = inner.object_differing(found, all_recorded=False)
     if differing is not None:

@@ -40,10 +40,10 @@ import xxhash
 from ..arrays import DTYPES
 from ..errors import UsageError
 from ..filters import plugins
-from .base import SIDECAR, Ahead, ArrayStore, Format, Key, Plan, Sink, Source, key_str
+from .base import SIDECAR, ArrayStore, Format, Key, Plan, Sink, Source, key_str
 from .hdf5_leaves import H5Arrays, leaf_dtype, leaves_of
 from .hdf5_meta import own_of, read_meta
-from .hdf5_objects import HashesAhead, attrs_hash, begun_or_walked, hashes_ahead
+from .hdf5_objects import HashesAhead, attrs_hash, hash_objects_apart, hashes_ahead
 from .hdf5_safety import check_contained, damaged_file, damaged_pack
 from .hdf5_walk import file_reads, h5_file, object_at, own_key
 from .leaf import LazyLeaf
@@ -71,9 +71,6 @@ class Packed(Format):
     summary = "one packed HDF5 file written by compress --pack"
     #: HDF5 chunk cache per opened dataset; :func:`obsdelta_cli.open_dataset` sets its own.
     cache_bytes = COMMAND_CACHE_BYTES
-    #: Whether, and how, to begin the check of an HDF5 inner's objects as the file is opened
-    #: (see :class:`~.hdf5_objects.HashesAhead`): set by the commands that check them.
-    hash_ahead: Ahead | None = None
 
     @classmethod
     def sniff(cls, path: Path) -> bool:
@@ -284,10 +281,10 @@ def _hdf5_hashes(
     recorded = meta.get("objects") or {}
     own = own_of(meta, file)
 
-    def kept(name: str) -> bool:
+    def left_out(name: str) -> bool:
         return name in repacked or skip(name)
 
-    out = begun_or_walked(ahead, f, file, kept, copied_from=recorded, own=own)
+    out = hash_objects_apart(f, file, left_out, copied_from=recorded, own=own, ahead=ahead)
     for name, entry in repacked.items():
         if skip(name):
             continue
