@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -30,6 +31,17 @@ def load_sample(name: str) -> TensorDictBase:
     if path.is_dir():
         return TensorDict.load_memmap(path).clone()
     return torch.load(path, weights_only=False).clone()
+
+
+#: Input formats that h5py writes and obsdelta reads through h5py alone (``h5py_only``; a TED
+#: HDF5 file is tensordict's writing, so it is not one).
+H5PY_ONLY_KINDS = frozenset({"d4rl-hdf5", "robomimic-hdf5", "minari-hdf5"})
+
+
+def marked_h5py_only(kinds: list[str]) -> list[Any]:
+    """``kinds`` as parameters, those of :data:`H5PY_ONLY_KINDS` marked ``h5py_only``."""
+    mark = pytest.mark.h5py_only
+    return [pytest.param(k, marks=mark) if k in H5PY_ONLY_KINDS else k for k in kinds]
 
 
 @pytest.fixture(scope="session")

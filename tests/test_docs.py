@@ -48,3 +48,20 @@ def test_every_docs_example_is_a_tested_readme_example() -> None:
         assert "```python" not in text, f"{page}: include a README example instead"
         for marker in re.findall(r":start-after: <!-- ([\w-]+) -->", text):
             assert f"<!-- {marker} -->" in readme and f"<!-- /{marker} -->" in readme, marker
+
+
+def _readme_command(name: str) -> str:
+    """The command between ``<!-- name -->`` markers, as ``.ci/run`` takes it."""
+    block = README.read_text().split(f"<!-- {name} -->")[1].split(f"<!-- /{name} -->")[0]
+    return block.split("```bash\n")[1].split("```")[0].strip()
+
+
+def test_each_test_is_run_by_one_of_the_readme_test_commands() -> None:
+    """The first test command leaves out only the tests marked ``h5py_only`` (and the slow
+    ones, as both do), and the second runs those: nothing falls between them."""
+    marks = [
+        re.findall(r"pytest .*?-m (\"[^\"]*\"|\S+)", _readme_command(name))
+        for name in ("test-command", "test-command-core")
+    ]
+    assert marks == [['"not slow and not h5py_only"'], []], marks
+    assert "-m 'not slow'" in (ROOT / "pyproject.toml").read_text()  # the second's default

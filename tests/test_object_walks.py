@@ -19,6 +19,9 @@ import pytest
 
 from obsdelta_cli import compress, inflate, report, verify
 
+#: robomimic files written by h5py: see the ``h5py_only`` marker.
+pytestmark = pytest.mark.h5py_only
+
 DEMOS = 2_000
 
 

@@ -132,6 +132,7 @@ def test_many_short_episodes_pack_smaller_flat(tmp_path: Path) -> None:
     assert len(members) >= 8 * demos  # actions, rewards, dones, states, obs/* of each demo
 
 
+@pytest.mark.h5py_only
 @pytest.mark.parametrize("kind", ["robomimic-hdf5", "minari-hdf5", "d4rl-hdf5"])
 def test_pack_of_many_episodes_suggests_flat(
     kind: str, hopper: TensorDictBase, tmp_path: Path

@@ -332,6 +332,7 @@ def test_a_file_declaring_2_40_rows_is_refused_at_once(
     assert (data[19_999]["observation"] == 0).all() and (data[0]["observation"] == 1).all()
 
 
+@pytest.mark.h5py_only
 def test_many_attributes_on_one_dataset_take_linear_time(tmp_path: Path, cli: Cli) -> None:
     """5,000 attributes on one dataset: ``report`` took 47 s (each attribute opened by its
     index, which makes HDF5 list them all again); now the round trip keeps them all, in about
@@ -381,6 +382,7 @@ def _with_many_attrs(path: Path, count: int) -> Path:
     return path
 
 
+@pytest.mark.h5py_only
 def test_a_dataset_with_100_000_attributes_is_processed_in_linear_time(
     tmp_path: Path, cli: Cli
 ) -> None:
