@@ -215,6 +215,37 @@ def test_verify_catches_a_changed_value(source: Path, tmp_path: Path) -> None:
     assert not (tmp_path / f"back{source.suffix}").exists()
 
 
+@pytest.mark.parametrize("change", ["changed", "added", "removed"])
+def test_verify_catches_a_changed_attribute_of_a_repacked_dataset(
+    change: str, tmp_path: Path
+) -> None:
+    """A repacked dataset's attributes are checked with the file's other objects (their
+    values, by the values' own hashes): one changed, added or removed is caught."""
+    src = tmp_path / "in.hdf5"
+    shutil.copy(SAMPLE / "hopper_d4rl.hdf5", src)
+    with h5py.File(src, "r+") as f:
+        f["rewards"].attrs["units"] = "reward per step"
+        f["rewards"].attrs["scale"] = np.float32(1.0)
+    packed = tmp_path / "p.h5"
+    compress(src, packed, pack=True)
+    verify(packed)
+    with h5py.File(packed, "r") as f:
+        assert "rewards" in manifest_of(f)["pack"]["datasets"]  # repacked, not copied
+    with h5py.File(packed, "r+") as f:
+        attrs = f["rewards"].attrs
+        if change == "changed":
+            attrs["scale"] = np.float32(2.0)
+        elif change == "added":
+            attrs["note"] = "edited"
+        else:
+            del attrs["units"]
+    with pytest.raises(DataError, match="rewards"):
+        verify(packed)
+    with pytest.raises(ObsdeltaError):
+        inflate(packed, tmp_path / "back.hdf5")
+    assert not (tmp_path / "back.hdf5").exists()
+
+
 def _datasets(f: h5py.File) -> list[str]:
     """Numeric, filtered datasets of rows (the ones --pack rewrote)."""
     out: list[str] = []

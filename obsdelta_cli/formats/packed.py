@@ -277,22 +277,23 @@ def _hdf5_hashes(
     members, ``member``, from their families); ``ahead``: the hashes of the objects kept as
     they are, begun as the file was opened."""
     repacked: dict[str, Any] = info["datasets"]
-    # The objects kept as they are, in a child: a damaged attribute can crash HDF5 (.apart).
     recorded = meta.get("objects") or {}
     own = own_of(meta, file)
-
-    def left_out(name: str) -> bool:
-        return name in repacked or skip(name)
-
-    out = hash_objects_apart(f, file, left_out, copied_from=recorded, own=own, ahead=ahead)
+    # Every object, in a child: a damaged attribute can crash HDF5 (.apart). The values of
+    # the repacked datasets are not read there (taken as recorded): they are checked below.
+    unread = {n: recorded[n] for n in repacked if isinstance(recorded.get(n), str)}
+    out = hash_objects_apart(f, file, skip, unread, copied_from=recorded, own=own, ahead=ahead)
     for name, entry in repacked.items():
         if skip(name):
             continue
         ds = object_at(f, name)
         if not isinstance(ds, h5py.Dataset):
             continue  # missing: the caller reports it
-        if any(a != TRANSFORM_ATTR for a in ds.attrs):  # the transform mark is the pack's own
-            out[f"@{name}"] = attrs_hash(ds, exclude=TRANSFORM_ATTR)
+        # The transform mark is the pack's own; obsdelta's own datasets are not in the walk.
+        if TRANSFORM_ATTR in ds.attrs or f"@{name}" not in out:
+            out.pop(f"@{name}", None)
+            if any(a != TRANSFORM_ATTR for a in ds.attrs):
+                out[f"@{name}"] = attrs_hash(ds, exclude=TRANSFORM_ATTR)
         if name in known:
             out[name] = known[name]
             continue
