@@ -533,9 +533,3 @@ def verify(
         jobs=jobs,
         scheduler=scheduler,
     )
-
-
-def main() -> None:
-    """Console-script entry point (see :mod:`obsdelta_cli.__main__`, which starts faster)."""
-    interrupts.install()
-    app(prog_name="obsdelta")

@@ -8,8 +8,6 @@ from pathlib import Path
 from .errors import DataError, InputError, UsageError
 from .formats import Format, Source, detect, key_str
 from .formats.base import Ahead
-from .formats.hdf5 import HDF5Format
-from .formats.packed import Packed
 from .manifest import Manifest, parse
 from .stream import Stream
 
@@ -30,7 +28,7 @@ def open_detected(
 ) -> Source:
     """Open ``path`` with ``fmt``, the adapter :func:`detect` chose for it (see
     :func:`open_input`)."""
-    if cache_mb is not None and isinstance(fmt, Packed | HDF5Format):
+    if cache_mb is not None:
         fmt.cache_bytes = max(0, int(cache_mb * 2**20))
     if checking is not None:
         fmt.hash_ahead = checking

@@ -249,6 +249,10 @@ class Format(ABC):
     #: are left to the check. HDF5 files, compressed or packed, begin it
     #: (:class:`~.hdf5_objects.HashesAhead`); the other formats have nothing to begin.
     hash_ahead: Ahead | None = None
+    #: Bytes of decoded chunks kept per dataset for random reads (``open_dataset`` sets it
+    #: from ``cache_mb``); ``None``: the format's own reading, each chunk read once, in order.
+    #: HDF5 files, compressed or packed, keep them; the other formats read without a cache.
+    cache_bytes: int | None = None
 
     @classmethod
     def ted_name(cls, key: Key) -> Key:

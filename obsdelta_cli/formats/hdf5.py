@@ -146,9 +146,6 @@ class HDF5Format(Format):
     flattens = True
     #: Leading dimensions that index transitions.
     batch_dims = 1
-    #: Decoded chunks kept per filtered dataset for random reads (``open_dataset`` sets it);
-    #: ``None`` for the commands, which read each chunk once, in order.
-    cache_bytes: int | None = None
 
     @classmethod
     def sniff(cls, path: Path) -> bool:
