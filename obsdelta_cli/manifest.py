@@ -322,8 +322,16 @@ def _tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
     return kinds if isinstance(kinds, tuple) else (kinds,)
 
 
+_HEX = frozenset("0123456789abcdef")
+
+
 def _is_hex(text: str) -> bool:
-    return all(c in "0123456789abcdef" for c in text)
+    """Lower-case hex digits only: a large file's manifest holds megabytes of block digests.
+
+    >>> _is_hex("0f9a"), _is_hex("0F9A"), _is_hex("")
+    (True, False, True)
+    """
+    return _HEX.issuperset(text)
 
 
 def parse(data: Any, *, file: str | Path | None = None) -> Manifest:

@@ -466,3 +466,27 @@ def test_the_copy_follows_the_decisions_the_plan_made(
     assert scanned and len(scanned) == len(set(scanned))
     assert decided and len(decided) == len(set(decided))  # each group decided once
     verify(tmp_path / "out.hdf5")
+
+
+@pytest.mark.parametrize("shape", [(), (5,), (4, 3, 2)])
+@pytest.mark.parametrize("fill", [None, 7])
+def test_allocate_writes_one_zero_and_leaves_the_fill_value(
+    tmp_path: Path, shape: tuple[int, ...], fill: int | None
+) -> None:
+    """A new contiguous dataset gets its whole storage, its first element zero and every
+    other the fill value, as h5py's ``ds[0, ..., 0] = 0`` gives it."""
+    files = {}
+    for how in ("allocate", "h5py"):
+        files[how] = tmp_path / f"{how}.h5"
+        with h5py.File(files[how], "w") as f:
+            ds = f.create_dataset("x", shape=shape, dtype="<f4", fillvalue=fill)
+            assert ds.id.get_offset() is None  # late allocation: nothing stored yet
+            if how == "allocate":
+                hdf5_copy.allocate(ds)
+            else:
+                ds[(0,) * ds.ndim] = np.zeros((), dtype=ds.dtype)
+            assert ds.id.get_offset() is not None
+            expected = np.full(shape, fill or 0, dtype="<f4")
+            expected[(0,) * len(shape)] = 0
+            np.testing.assert_array_equal(ds[()], expected)
+    assert files["allocate"].read_bytes() == files["h5py"].read_bytes()

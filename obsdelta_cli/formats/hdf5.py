@@ -303,7 +303,7 @@ class HDF5Format(Format):
         groups = Groups(out)
         own = self.own_for(source)
         for key in plan.replaced:
-            original = src[key_str(key)]
+            original = _held(src, key_str(key))
             _keep_layout(groups, original, own)
             alloc = original.id.get_create_plist().get_alloc_time()
             new_layouts[key_str(key)] = {"maxshape": list(original.maxshape), "alloc_time": alloc}
@@ -354,7 +354,7 @@ class HDF5Format(Format):
         group = groups(parent)
         dtype = h5_dtype(spec.dtype)
         if spec.replaces is not None:  # compress: a delta replacing a next-observation dataset
-            original = src[key_str(spec.replaces)]
+            original = _held(src, key_str(spec.replaces))
             if kwargs is None:
                 dcpl = dcpl_like(original.id.get_create_plist(), original.dtype == dtype)
                 ds = create_dataset(group, name, dtype, spec.shape, original.maxshape, dcpl)
@@ -492,10 +492,17 @@ def _close_quietly(f: h5py.File) -> None:
 def _arrays_kwargs(src: h5py.File, plan: Plan) -> dict[str, Any]:
     """Exception arrays get the built-in compression of the datasets they stand in for."""
     for key in plan.replaced:
-        ds = src[key_str(key)]
+        ds = _held(src, key_str(key))
         if ds.compression in ("gzip", "lzf"):
             return {"compression": ds.compression, "compression_opts": ds.compression_opts}
     return {}
+
+
+def _held(f: h5py.File, path: str) -> Any:
+    """``f[path]``, as the walk of ``f`` holds it open (:func:`object_at`): ``f[path]`` opens
+    it again, and a file of 1,000 episodes has thousands of datasets to ask about."""
+    obj = object_at(f, path)
+    return f[path] if obj is None else obj
 
 
 def _is_plain(ds: h5py.Dataset) -> bool:

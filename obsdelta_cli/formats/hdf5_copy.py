@@ -20,6 +20,7 @@ from typing import Any
 
 import h5py
 import numpy as np
+from h5py._objects import phil
 
 from ..checksum import BLOCK_BYTES, BlockFeed
 from .direct import ALIGN, WINDOW, ColdReads, mapped_buffer
@@ -147,6 +148,8 @@ class CopyRule:
 
     def _rewritten_at(self, path: str, group: h5py.Group | None = None) -> bool:
         if path not in self._rewritten:
+            if group is None:
+                group = object_at(self._f, path)
             self._rewritten[path] = path in self._losing or self._walked(
                 self._f[path] if group is None else group
             )
@@ -190,7 +193,7 @@ class CopyRule:
         found = set()
         for path in paths:
             parts = path.split("/")
-            ds = self._f.get(path)
+            ds = object_at(self._f, path)  # as the walk holds it; a second link is not copied raw
             if (
                 isinstance(ds, h5py.Dataset)
                 and streamable(ds)
@@ -204,7 +207,12 @@ class CopyRule:
         path = group.name
         if path not in self._below:
             single, raw = True, False
-            for obj in group.values():
+            prefix = path.strip("/")
+            for name in group:
+                # As the file's walk holds them open: values() would open each again.
+                obj = object_at(self._f, f"{prefix}/{name}" if prefix else name)
+                if obj is None:  # a second hard link (walked by its first)
+                    obj = group[name]
                 if not linked_once(obj):
                     single = False
                     break
@@ -256,8 +264,18 @@ def allocate(ds: h5py.Dataset) -> None:
     creation properties ask for it) by writing one zero, which the caller's raw writes then
     overwrite. A zero, not a source's first value: reading that would start the kernel's
     read-ahead there, and the pass's reads of the source would then find it cached
-    (:class:`~obsdelta_cli.formats.direct.ColdReads`)."""
-    ds[(0,) * ds.ndim] = np.zeros((), dtype=ds.dtype)
+    (:class:`~obsdelta_cli.formats.direct.ColdReads`). Written with h5py's low-level calls:
+    its indexing builds a selection for each write, and inflating a file of thousands of
+    episodes allocates thousands of datasets."""
+    dsid = ds.id
+    rank = dsid.rank
+    space = dsid.get_space()
+    if rank:
+        space.select_hyperslab((0,) * rank, (1,) * rank)
+        memory = h5py.h5s.create_simple((1,) * rank)
+    else:
+        memory = h5py.h5s.create(h5py.h5s.SCALAR)
+    dsid.write(memory, space, np.zeros((1,) * rank, dtype=ds.dtype))
 
 
 class SpanLeaf(LazyLeaf):
@@ -291,7 +309,8 @@ def in_place(
     robomimic file of 2,000 demos makes 10,000 of them."""
     offsets: list[tuple[int, tuple[int, ...]] | None] = []
     for path, _ in datasets:
-        ds = out[path]
+        with phil:  # opened as h5py's ``out[path]`` does, without its lookups
+            ds = h5py.Dataset(h5py.h5d.open(out.id, path.encode()))
         if _placeable(ds):
             allocate(ds)
             offset = ds.id.get_offset()

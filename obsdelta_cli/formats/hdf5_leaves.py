@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -354,11 +355,17 @@ class OpaqueLeaf(LazyLeaf):
 
 
 def leaves_of(
-    f: h5py.File, file: Path, unread: dict[Key, str] | None = None, own: str = OWN
+    f: h5py.File,
+    file: Path,
+    unread: dict[Key, str] | None = None,
+    own: str = OWN,
+    *,
+    leaf: Callable[[str, h5py.Dataset], Any] | None = None,
 ) -> dict[Key, Any]:
     """Numeric datasets (not the arrays and layouts of obsdelta's group ``own``), keyed by
     their path; numbers stored big-endian, which obsdelta does not read, go to ``unread`` with
-    why."""
+    why. ``leaf(name, dataset)`` makes each leaf (``None``: the dataset is not one) where an
+    :class:`H5Leaf` is not what the caller reads: made once, as the walk holds the dataset."""
     out: dict[Key, Any] = {}
     reads = file_reads(f)
     skipped = (f"{own}/arrays", f"{own}/layout")
@@ -369,7 +376,9 @@ def leaves_of(
         parts = tuple(name.split("/"))
         dtype = obj.id.dtype
         if obj.id.rank and (leaf_dtype(dtype) is not None or is_bf16(obj)):
-            out[parts] = H5Leaf(obj, file, reads, owner=f)
+            made = H5Leaf(obj, file, reads, owner=f) if leaf is None else leaf(name, obj)
+            if made is not None:
+                out[parts] = made
         elif unread is not None and dtype.kind in "biuf" and dtype.byteorder == ">":
             unread[parts] = f"is stored big-endian ({dtype.str}): obsdelta does not read it"
     return out

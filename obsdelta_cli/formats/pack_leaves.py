@@ -174,7 +174,10 @@ class ColumnsLeaf(LazyLeaf):
         self.sources: dict[str, h5py.Dataset] = {}
         covered = 0
         for start, stop, source, at in blocks:
-            src = self.sources[source] if source in self.sources else f.get(source)
+            src = self.sources.get(source)
+            if src is None:  # as the file's walk holds it, else opened here
+                src = object_at(f, source)
+                src = f.get(source) if src is None else src
             if (
                 not isinstance(src, h5py.Dataset)
                 or src.is_virtual
@@ -236,10 +239,19 @@ class ColumnsLeaf(LazyLeaf):
         raise UsageError("a packed file is read-only", file=self.file)
 
 
-def repacked_leaf(f: h5py.File, file: Path, path: str, entry: Any, cache_bytes: int) -> LazyLeaf:
+def repacked_leaf(
+    f: h5py.File,
+    file: Path,
+    path: str,
+    entry: Any,
+    cache_bytes: int,
+    *,
+    ds: h5py.Dataset | None = None,
+) -> LazyLeaf:
     """A repacked dataset of an HDF5 inner as a leaf: rebuilt from the sources its manifest
-    entry records where its columns are stored once, else as stored."""
-    ds = object_at(f, path)
+    entry records where its columns are stored once, else as stored; ``ds``: the dataset at
+    ``path``, where the caller holds it."""
+    ds = object_at(f, path) if ds is None else ds
     if not isinstance(ds, h5py.Dataset):
         raise damaged_pack(file, f"the repacked dataset {path} is missing")
     columns = entry.get("columns") if isinstance(entry, dict) else None

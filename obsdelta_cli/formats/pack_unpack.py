@@ -21,7 +21,7 @@ from .hdf5_leaves import META_ATTR
 from .hdf5_meta import manifest_path, own_of_source, write_meta
 from .hdf5_objects import hash_objects_apart
 from .hdf5_safety import damaged_pack, output_libver, reading_pack
-from .hdf5_walk import layout_twins
+from .hdf5_walk import layout_twins, object_at
 from .pack_io import group_like, h5_output
 from .pack_leaves import (
     COMMAND_CACHE_BYTES,
@@ -125,8 +125,13 @@ def _unpack_group(
 ) -> None:
     relinks = Relinks() if relinks is None else relinks
     own = own_of_source(packed)
-    for name, obj in group.items():
-        path = obj.name.lstrip("/")
+    prefix = group.name.strip("/")
+    for name in group:
+        # The objects as the file's walk holds them open: items() would open each again.
+        path = f"{prefix}/{name}" if prefix else name
+        obj = object_at(packed.handle, path)
+        if obj is None:  # a second hard link (walked by its first)
+            obj = group[name]
         if path in (f"{own}/pack", manifest_path(own)) or relinks.relinked(obj, dst, name):
             continue
         if isinstance(obj, h5py.Group):
@@ -180,7 +185,7 @@ def _restore(
     if flat is not None:
         leaf = flat.leaf(ds, path)
     else:
-        leaf = repacked_leaf(packed.handle, packed.path, path, entry, COMMAND_CACHE_BYTES)
+        leaf = repacked_leaf(packed.handle, packed.path, path, entry, COMMAND_CACHE_BYTES, ds=ds)
     absent = entry.get("absent")
     if absent == []:
         return  # never written: no storage, as the original
@@ -206,6 +211,12 @@ def _restore(
     step = per * max(1, BLOCK_BYTES // max(1, per * row_bytes))
 
     def put(start: int, block: np.ndarray) -> None:
-        new[start : start + len(block)] = block.view(new.dtype)
+        values = block.view(new.dtype)
+        if start == 0 and len(values) == new.shape[0] and values.flags.c_contiguous:
+            # The whole dataset in one write without h5py's selection: a file of 1,000
+            # episodes has thousands of datasets of a few rows.
+            new.id.write(h5py.h5s.ALL, h5py.h5s.ALL, values)
+        else:
+            new[start : start + len(values)] = values
 
     _copy_rows(leaf, new.shape[0], put, step)

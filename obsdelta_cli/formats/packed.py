@@ -130,17 +130,16 @@ class Packed(Format):
         self, f: h5py.File, path: Path, info: dict[str, Any], own: str
     ) -> dict[Key, Any]:
         repacked: dict[str, Any] = info["datasets"]
-        out: dict[Key, Any] = {}
-        pack = (*own_key(own), "pack")
-        for key, leaf in leaves_of(f, path, own=own).items():
-            if key[: len(pack)] == pack:
-                continue
-            name = key_str(key)
+        pack = key_str((*own_key(own), "pack"))
+
+        def leaf(name: str, ds: h5py.Dataset) -> LazyLeaf | None:
+            if name == pack or name.startswith(f"{pack}/"):
+                return None
             if name in repacked:
-                out[key] = repacked_leaf(f, path, name, repacked[name], self.cache_bytes)
-            else:
-                out[key] = self._leaf(f, leaf.ds, path)
-        return out
+                return repacked_leaf(f, path, name, repacked[name], self.cache_bytes, ds=ds)
+            return self._leaf(f, ds, path)
+
+        return leaves_of(f, path, own=own, leaf=leaf)
 
     def _folder_leaves(self, f: h5py.File, path: Path, info: dict[str, Any]) -> dict[Key, Any]:
         leaves: dict[Key, Any] = {}
@@ -297,7 +296,7 @@ def _hdf5_hashes(
         if name in known:
             out[name] = known[name]
             continue
-        leaf = member(ds, name) if member else repacked_leaf(f, file, name, entry, 0)
+        leaf = member(ds, name) if member else repacked_leaf(f, file, name, entry, 0, ds=ds)
         rows = ds.shape[0] if ds.ndim else 0
         step = max(1, (4 << 20) // max(1, math.prod(ds.shape[1:]) * ds.dtype.itemsize))
         found = values_hash(leaf, rows, step)
