@@ -178,9 +178,9 @@ def _blocks(
     return blocks, kept
 
 
-def write_virtual(group: h5py.Group, name: str, like: h5py.Dataset, shared: Shared) -> None:
+def write_virtual(group: h5py.Group, name: str, like: h5py.Dataset, shared: Shared) -> h5py.Dataset:
     """The virtual dataset ``name`` of ``group``, of ``like``'s shape and type, whose blocks
-    map columns of datasets of the same file."""
+    map columns of datasets of the same file; returned as made."""
     rows, width = like.shape
     widths = shared.widths
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
@@ -192,7 +192,8 @@ def write_virtual(group: h5py.Group, name: str, like: h5py.Dataset, shared: Shar
         sspace.select_hyperslab((0, at), (rows, stop - start))
         dcpl.set_virtual(vspace, SAME_FILE.encode(), f"/{source}".encode(), sspace)
     space = h5py.h5s.create_simple((rows, width))
-    h5py.h5d.create(group.id, name.encode(), like.id.get_type(), space, dcpl=dcpl)
+    made = h5py.h5d.create(group.id, name.encode(), like.id.get_type(), space, dcpl=dcpl)
+    return h5py.Dataset(made)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -268,11 +268,12 @@ def _repack(
         def read(start: int, stop: int) -> np.ndarray:
             return np.asarray(ds[start:stop])
 
-        entry = DatasetWriter(dst, name, path, read, ds.shape, ds.dtype, chooser).fill()
+        writer = DatasetWriter(dst, name, path, read, ds.shape, ds.dtype, chooser)
+        entry, made = writer.fill(), writer.ds
     else:
         entry = _write_kept(ds, path, groups, chooser, shared, own)
-        write_virtual(dst, name, ds, shared)
-    copy_attrs(ds, dst[name])
+        made = write_virtual(dst, name, ds, shared)
+    copy_attrs(ds, made)  # the dataset as made: looking it up by name opens it again
     absent = _absent_chunks(ds)
     if absent is not None:
         entry["absent"] = absent
