@@ -71,7 +71,7 @@ from .hdf5_safety import (
     output_libver,
     written_here,
 )
-from .hdf5_walk import OWN, OWN_PLACES, h5_file, object_at
+from .hdf5_walk import OWN, OWN_PLACES, h5_file, held_at
 
 hdf5plugin: Any
 try:  # registers Zstd, Blosc, LZ4, ... filters for reading and writing, when installed
@@ -303,7 +303,7 @@ class HDF5Format(Format):
         groups = Groups(out)
         own = self.own_for(source)
         for key in plan.replaced:
-            original = _held(src, key_str(key))
+            original = held_at(src, key_str(key))
             _keep_layout(groups, original, own)
             alloc = original.id.get_create_plist().get_alloc_time()
             new_layouts[key_str(key)] = {"maxshape": list(original.maxshape), "alloc_time": alloc}
@@ -354,7 +354,7 @@ class HDF5Format(Format):
         group = groups(parent)
         dtype = h5_dtype(spec.dtype)
         if spec.replaces is not None:  # compress: a delta replacing a next-observation dataset
-            original = _held(src, key_str(spec.replaces))
+            original = held_at(src, key_str(spec.replaces))
             if kwargs is None:
                 dcpl = dcpl_like(original.id.get_create_plist(), original.dtype == dtype)
                 ds = create_dataset(group, name, dtype, spec.shape, original.maxshape, dcpl)
@@ -492,17 +492,10 @@ def _close_quietly(f: h5py.File) -> None:
 def _arrays_kwargs(src: h5py.File, plan: Plan) -> dict[str, Any]:
     """Exception arrays get the built-in compression of the datasets they stand in for."""
     for key in plan.replaced:
-        ds = _held(src, key_str(key))
+        ds = held_at(src, key_str(key))
         if ds.compression in ("gzip", "lzf"):
             return {"compression": ds.compression, "compression_opts": ds.compression_opts}
     return {}
-
-
-def _held(f: h5py.File, path: str) -> Any:
-    """``f[path]``, as the walk of ``f`` holds it open (:func:`object_at`): ``f[path]`` opens
-    it again, and a file of 1,000 episodes has thousands of datasets to ask about."""
-    obj = object_at(f, path)
-    return f[path] if obj is None else obj
 
 
 def _is_plain(ds: h5py.Dataset) -> bool:
@@ -566,9 +559,7 @@ def _copy_tree(
         path = f"{prefix}/{name}" if prefix else name
         if path == OWN or path in rule.dropped:  # obsdelta's own group, a dataset dropped
             continue
-        obj = object_at(top, path)
-        if obj is None:  # a second hard link (walked by its first)
-            obj = src[name]
+        obj = held_at(top, path)
         if relinks.relinked(obj, dst, name):
             continue
         if isinstance(obj, h5py.Group) and rule.rewritten(obj):

@@ -27,7 +27,7 @@ from .direct import ALIGN, WINDOW, ColdReads, mapped_buffer
 from .hdf5_leaves import BF16_ATTR, contiguous_span, copy_attrs
 from .hdf5_objects import hash_span, header_hash
 from .hdf5_types import space_anew, type_anew
-from .hdf5_walk import object_at
+from .hdf5_walk import held_at, object_at
 from .leaf import LazyLeaf, read_exact, write_exact
 
 #: Datasets smaller than this are copied by HDF5: a thread would not pay.
@@ -149,10 +149,8 @@ class CopyRule:
     def _rewritten_at(self, path: str, group: h5py.Group | None = None) -> bool:
         if path not in self._rewritten:
             if group is None:
-                group = object_at(self._f, path)
-            self._rewritten[path] = path in self._losing or self._walked(
-                self._f[path] if group is None else group
-            )
+                group = held_at(self._f, path)
+            self._rewritten[path] = path in self._losing or self._walked(group)
         return self._rewritten[path]
 
     def _walked(self, group: h5py.Group) -> bool:
@@ -210,9 +208,7 @@ class CopyRule:
             prefix = path.strip("/")
             for name in group:
                 # As the file's walk holds them open: values() would open each again.
-                obj = object_at(self._f, f"{prefix}/{name}" if prefix else name)
-                if obj is None:  # a second hard link (walked by its first)
-                    obj = group[name]
+                obj = held_at(self._f, f"{prefix}/{name}" if prefix else name)
                 if not linked_once(obj):
                     single = False
                     break

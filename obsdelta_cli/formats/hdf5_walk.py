@@ -259,6 +259,15 @@ def object_at(f: h5py.File, path: str) -> Any:
     return shared_of(f).at(path) if f.mode == "r" else f.get(path)
 
 
+def held_at(f: h5py.File, path: str) -> Any:
+    """``f.get(path)``, as the walk of ``f`` holds it open where it does (:func:`object_at`):
+    a file of 1,000 episodes has thousands of objects, and opening each again by name costs
+    as much as the walk. Where the walk does not hold it (a second hard link, a layout twin)
+    it is opened by name."""
+    obj = object_at(f, path)
+    return f.get(path) if obj is None else obj
+
+
 class ByPath(Mapping[str, Any]):
     """The objects of ``f`` at ``paths``, each asked for (:func:`object_at`) when it is looked
     up: a dict of them would hold every one open (HDF5 holds about 11 KB for each), where a

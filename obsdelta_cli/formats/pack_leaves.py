@@ -23,7 +23,7 @@ from .hdf5_chunks import AHEAD, DirectChunks
 from .hdf5_leaves import H5Leaf, is_bf16, leaf_dtype, read_rows
 from .hdf5_meta import read_meta
 from .hdf5_safety import Allowed, VirtualMap, damaged_pack
-from .hdf5_walk import OWN, FileReads, file_reads, h5_file, object_at
+from .hdf5_walk import OWN, FileReads, file_reads, h5_file, held_at, object_at
 from .leaf import LazyLeaf
 from .pack_columns import KEPT_ROOTS, Block, expected_maps, parse_blocks
 
@@ -176,8 +176,7 @@ class ColumnsLeaf(LazyLeaf):
         for start, stop, source, at in blocks:
             src = self.sources.get(source)
             if src is None:  # as the file's walk holds it, else opened here
-                src = object_at(f, source)
-                src = f.get(source) if src is None else src
+                src = held_at(f, source)
             if (
                 not isinstance(src, h5py.Dataset)
                 or src.is_virtual

@@ -21,7 +21,7 @@ from .hdf5_leaves import META_ATTR
 from .hdf5_meta import manifest_path, own_of_source, write_meta
 from .hdf5_objects import hash_objects_apart
 from .hdf5_safety import damaged_pack, output_libver, reading_pack
-from .hdf5_walk import layout_twins, object_at
+from .hdf5_walk import held_at, layout_twins
 from .pack_io import group_like, h5_output
 from .pack_leaves import (
     COMMAND_CACHE_BYTES,
@@ -129,9 +129,7 @@ def _unpack_group(
     for name in group:
         # The objects as the file's walk holds them open: items() would open each again.
         path = f"{prefix}/{name}" if prefix else name
-        obj = object_at(packed.handle, path)
-        if obj is None:  # a second hard link (walked by its first)
-            obj = group[name]
+        obj = held_at(packed.handle, path)
         if path in (f"{own}/pack", manifest_path(own)) or relinks.relinked(obj, dst, name):
             continue
         if isinstance(obj, h5py.Group):
