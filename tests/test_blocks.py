@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any
 
+import h5py
 import numpy as np
 import pytest
 
-from obsdelta_cli import compress
+from obsdelta_cli import compress, verify
 from obsdelta_cli.blocks import CheckedRows, digests
 from obsdelta_cli.checksum import BlockCheck, BlockFeed, block_rows
 from obsdelta_cli.errors import DamagedError
 from obsdelta_cli.formats import detect, key_str
+from obsdelta_cli.formats.direct import MIN_DIRECT
+from obsdelta_cli.formats.hdf5 import HDF5Format
 from obsdelta_cli.formats.leaf import as_rows
 from obsdelta_cli.inputs import manifest_of
 from obsdelta_cli.rebuild import take
 
 from .conftest import SAMPLE
+from .manifests import manifest_of as recorded_manifest
 
 BLOCK = 8
 
@@ -195,3 +201,39 @@ def test_recorded_block_digests_are_those_of_the_leaves_as_read(
             assert recorded == digests(rows, block), name
     finally:
         fmt.close(source)
+
+
+def test_small_datasets_copied_whole_are_digested_from_the_input(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The datasets an HDF5 output copies whole are digested once every copy is done: a small
+    one from the input's leaf, which holds the same values (opening a file's thousands of them
+    again in the output would cost more than reading them), a large one from the output;
+    every digest is that of the output as h5py reads it."""
+    src = tmp_path / "in.hdf5"
+    shutil.copy(SAMPLE / "hopper_d4rl.hdf5", src)
+    rows = 5000
+    big = np.random.default_rng(0).standard_normal((rows, MIN_DIRECT // (8 * rows) + 1))
+    with h5py.File(src, "a") as f:
+        assert f["observations"].shape[0] == rows
+        f.create_dataset("infos/big", data=big, chunks=(625, 1), compression="gzip")
+    taken: dict[str, bool] = {}
+    original_written = HDF5Format.written_leaf
+
+    def spy(self: HDF5Format, sink: Any, key: Any, original: Any = None) -> Any:
+        leaf = original_written(self, sink, key, original)
+        taken[key_str(key)] = leaf is original
+        return leaf
+
+    monkeypatch.setattr(HDF5Format, "written_leaf", spy)
+    out = tmp_path / "out.h5"
+    compress(src, out, codec="exact")
+    assert taken["actions"] and taken["infos/qpos"]  # 60 KB and 240 KB
+    assert taken["infos/big"] is False
+    with h5py.File(out, "r") as f:
+        manifest = recorded_manifest(f)
+        for name in ("actions", "infos/qpos", "infos/big"):
+            values = f[name][()]
+            block = block_rows(values.shape, values.dtype, manifest["hash"]["block_bytes"])
+            assert manifest["blocks"][name] == digests(values, block), name
+    verify(out)

@@ -464,7 +464,8 @@ def _writer(
             # Made one at a time, as they are hashed: a leaf of the output holds its dataset
             # open (about 11 KB each in HDF5), and a Minari file of 2,500 episodes has 25,000.
             for k in order:
-                leaf = fmt.written_leaf(sink, k) if key_str(k) not in fed else None
+                original = source.leaves.get(k)
+                leaf = fmt.written_leaf(sink, k, original) if key_str(k) not in fed else None
                 readable = leaf is not None and getattr(leaf, "readable", True)
                 value = leaf if readable else source.leaves[k]
                 if is_data(value):

@@ -329,10 +329,12 @@ class Format(ABC):
         :meth:`object_hashes` in ``known``, so they are not decoded twice. Default: none."""
         return {}
 
-    def written_leaf(self, sink: Sink, key: Key) -> Any | None:
+    def written_leaf(self, sink: Sink, key: Key, original: Any = None) -> Any | None:
         """Leaf ``key`` as the output being written holds it, once its objects are hashed
         (every copy done), to read what was stored; ``None`` where the sink has no such leaf.
-        Default: the sink's own leaves."""
+        ``original``: the input's leaf of that key, which a container that copies leaves
+        whole (values unchanged) may give instead where reading it costs less. Default: the
+        sink's own leaves."""
         return sink.leaves.get(key)
 
     def bookkeeping(self, source: Source, removed: list[Key]) -> int:

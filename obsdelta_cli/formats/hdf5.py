@@ -34,6 +34,7 @@ from ..errors import InputError, UsageError, failed_write, write_error
 from ..filters import short_zstd_name
 from .apart import SILENCE_SECONDS, begin
 from .base import Format, Key, LeafSpec, Plan, Sink, Source, key_str
+from .direct import MIN_DIRECT
 from .hdf5_copy import CopyRule, RawCopies, Relinks, copy_object, in_place
 from .hdf5_create import (
     ALLOC_TIMES,
@@ -72,6 +73,7 @@ from .hdf5_safety import (
     written_here,
 )
 from .hdf5_walk import OWN, OWN_PLACES, h5_file, held_at
+from .leaf import nbytes
 
 hdf5plugin: Any
 try:  # registers Zstd, Blosc, LZ4, ... filters for reading and writing, when installed
@@ -226,10 +228,16 @@ class HDF5Format(Format):
         super().close(source)
         source.handle.close()
 
-    def written_leaf(self, sink: Sink, key: Key) -> Any | None:
+    def written_leaf(self, sink: Sink, key: Key, original: Any = None) -> Any | None:
         # Datasets copied whole (by HDF5 or the kernel) are not among the sink's leaves.
         leaf = sink.leaves.get(key)
         out: h5py.File = sink.handle
+        if leaf is None and isinstance(original, H5Leaf) and nbytes(original) < MIN_DIRECT:
+            # A small dataset copied whole holds the input's values, read through the page
+            # cache to be copied: the input's leaf (its dataset held open by the walk, its
+            # bytes read with one pread) costs less than opening the output's again, and a
+            # file of 1,000 episodes has thousands of them.
+            return original
         if leaf is None:
             ds = out.get(key_str(key))  # one open, where a test of the name first made two
             leaf = H5Leaf(ds, Path(out.filename)) if isinstance(ds, h5py.Dataset) else None
