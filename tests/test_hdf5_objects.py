@@ -14,19 +14,20 @@ import numpy as np
 import pytest
 
 from obsdelta_cli import compress
-from obsdelta_cli.formats import detect
+from obsdelta_cli.formats import detect, hdf5_objects
 from obsdelta_cli.formats.base import Ahead
 from obsdelta_cli.formats.hdf5 import HDF5Format
 from obsdelta_cli.formats.hdf5_leaves import META_ATTR
 from obsdelta_cli.formats.hdf5_objects import (
     Facts,
     HashesAhead,
+    begin_hashes,
     dataset_props,
     hash_objects_apart,
     hashes_ahead,
     header_hash,
 )
-from obsdelta_cli.formats.hdf5_walk import OWN
+from obsdelta_cli.formats.hdf5_walk import OWN, object_names
 from obsdelta_cli.formats.packed import Packed
 from obsdelta_cli.manifest import parse
 
@@ -205,3 +206,29 @@ def test_a_packed_file_opened_to_check_begins_its_hashes(
     fmt.hash_ahead = ahead
     fmt.close(fmt.open(packed))
     assert _children() == before
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3])
+@pytest.mark.parametrize("which", ["zoo", "compressed"])
+def test_hashes_split_among_children_are_the_hashes_of_a_walk(
+    which: str, parts: int, zoo_file: Path, compressed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file's objects hashed by several children, each a run of the walk, give one walk's
+    hashes, in its order (as manifests list them), the file's attributes among them; no
+    child is left behind."""
+    path = zoo_file if which == "zoo" else compressed
+    with h5py.File(path) as f:
+        names = object_names(f)
+        monkeypatch.setattr(hdf5_objects, "PART_OBJECTS", len(names) // parts)
+        monkeypatch.setattr(hdf5_objects, "workers", lambda: parts)
+        skipped = set(names[1::3])
+        skip = lambda n: n.encode() in skipped  # noqa: E731
+        known = {names[2].decode(): "known"}
+        before = _children()
+        collect = begin_hashes(f, path, skip, known, OWN)
+        assert len(_children() - before) == parts
+        found = collect()
+        walked = hash_objects_apart(f, path, skip, known, None, OWN)
+    assert list(found.items()) == list(walked.items())
+    assert "@" in found and found[names[2].decode()] == "known"
+    assert not _children() - before

@@ -32,7 +32,6 @@ from ..arrays import BFLOAT16
 from ..checksum import Hasher
 from ..errors import InputError, UsageError, failed_write, write_error
 from ..filters import short_zstd_name
-from .apart import SILENCE_SECONDS, begin
 from .base import Format, Key, LeafSpec, Plan, Sink, Source, key_str
 from .direct import MIN_DIRECT
 from .hdf5_copy import CopyRule, RawCopies, Relinks, copy_object, in_place
@@ -59,7 +58,7 @@ from .hdf5_leaves import (
 from .hdf5_meta import own_of, own_of_source, read_meta, write_meta
 from .hdf5_objects import (
     HashesAhead,
-    hash_objects,
+    begin_hashes,
     hash_objects_apart,
     hashes_ahead,
     header_bytes,
@@ -268,8 +267,7 @@ class HDF5Format(Format):
         f: h5py.File = sink.handle
         file = Path(f.filename)
         known = _written(sink, f, file)
-        work = partial(hash_objects, f, file, skip, known, None, own_of_source(sink))
-        return partial(objects_read, file, begin(work, timeout=SILENCE_SECONDS).result)
+        return partial(objects_read, file, begin_hashes(f, file, skip, known, own_of_source(sink)))
 
     def streams(self, source: Source, keys: frozenset[Key], order: Sequence[Key]) -> frozenset[Key]:
         paths = {key_str(k): k for k in keys if isinstance(source.leaves[k], H5Leaf)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -19,12 +19,13 @@ from h5py._hl.filters import get_filters
 from h5py._objects import phil
 
 from ..errors import InputError
+from ..filters import workers
 from .apart import SILENCE_SECONDS, apart, beat, begin
 from .base import Ahead
 from .direct import PIECE, ColdReads
 from .hdf5_leaves import META_ATTR, replaced_twins
 from .hdf5_types import StoredType, space_anew, stored_type, type_anew
-from .hdf5_walk import OWN, objects_of, owned
+from .hdf5_walk import OWN, object_names, objects_of, owned
 
 
 def hash_objects(
@@ -34,6 +35,8 @@ def hash_objects(
     known: Mapping[str, str] | None = None,
     copied_from: Mapping[str, str] | None = None,
     own: str = OWN,
+    names: Sequence[bytes] | None = None,
+    root: bool = True,
 ) -> dict[str, str]:
     """xxh3-64 of every dataset as stored (creation properties and raw chunks, never
     decompressed) and of every object's attributes, for the objects ``skip`` keeps; ``known``
@@ -44,9 +47,49 @@ def hash_objects(
     ``copied_from``: the hashes recorded in the file these objects were copied from, of
     another HDF5 format version (a packed file's). Objects copied there hold the same values,
     but HDF5 encodes their types (enum, compound, array) and dataspaces for the newer format:
-    a hash that differs from its record only in those encodings is the recorded one."""
-    each = _each_hash(f, file, skip, known or {}, copied_from or {}, own, {})
+    a hash that differs from its record only in those encodings is the recorded one.
+
+    ``names``: of :func:`~.hdf5_walk.object_names`, the objects to hash (a run of the walk:
+    see :func:`begin_hashes`); ``root``: whether the file's own attributes are hashed too."""
+    each = _each_hash(f, file, skip, known or {}, copied_from or {}, own, {}, names, root)
     return {key: h for _name, key, h in each if h is not None}
+
+
+#: Objects each child hashes at least where :func:`begin_hashes` splits a file's walk: a
+#: child's fork and the HDF5 state it starts with cost about what a few hundred objects do.
+PART_OBJECTS = 2000
+
+
+def begin_hashes(
+    f: h5py.File, file: Path, skip: Callable[[str], bool], known: Mapping[str, str], own: str
+) -> Callable[[], dict[str, str]]:
+    """:func:`hash_objects` of a file obsdelta has written (flushed, open for writing), begun
+    now in forked children (:func:`~.apart.begin`) beside the caller's next work: one run of
+    the walk's objects each, one child a core where each gets :data:`PART_OBJECTS` or more
+    (hashing a robomimic file of 1,000 demos takes seconds, which the caller would otherwise
+    wait for on one core). The function returned collects the hashes, in the walk's order."""
+    names = object_names(f)
+    parts = max(1, min(workers(), len(names) // PART_OBJECTS))
+    runs = [names[len(names) * i // parts : len(names) * (i + 1) // parts] for i in range(parts)]
+    pending = [
+        begin(
+            partial(hash_objects, f, file, skip, known, None, own, run, root=i == 0),
+            timeout=SILENCE_SECONDS,
+        )
+        for i, run in enumerate(runs)
+    ]
+
+    def collect() -> dict[str, str]:
+        out: dict[str, str] = {}
+        try:
+            for part in pending:
+                out |= part.result()
+        finally:
+            for part in pending:
+                part.cancel()  # nothing for those collected: the others, after an error
+        return out
+
+    return collect
 
 
 #: One hash of :func:`_each_hash`: the object's path, its key among the hashes (its path, or
@@ -62,15 +105,19 @@ def _each_hash(
     copied_from: Mapping[str, str],
     own: str,
     deferred: Mapping[str, int],
+    names: Sequence[bytes] | None = None,
+    root: bool = True,
 ) -> list[Entry]:
     """:func:`hash_objects`, one :data:`Entry` each, in the walk's order; the values of the
     datasets named in ``deferred`` are not read (their entry has no hash) where they store at
     least the bytes it gives."""
-    out: list[Entry] = [("", "@", _attrs_hash_as(f, copied_from.get("@"), META_ATTR))]
+    out: list[Entry] = []
+    if root:
+        out.append(("", "@", _attrs_hash_as(f, copied_from.get("@"), META_ATTR)))
     fd = os.open(file, os.O_RDONLY)
     cold = ColdReads(fd)  # an input checked before it is copied is usually not in memory
     try:
-        for name, obj in objects_of(f):
+        for name, obj in objects_of(f, names):
             beat()
             ours = owned(name, own)
             if (ours and not is_replaced_twin(name, own)) or skip(name):

@@ -9,7 +9,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -213,8 +213,8 @@ class _Shared:
             self._names = _names(f)
         return self._names
 
-    def objects(self) -> Iterator[tuple[str, Any]]:
-        for raw in self.names():
+    def objects(self, names: Sequence[bytes] | None = None) -> Iterator[tuple[str, Any]]:
+        for raw in self.names() if names is None else names:
             yield _name(raw), self.held.get(raw)
 
     def at(self, path: str) -> Any:
@@ -243,15 +243,21 @@ def file_reads(f: h5py.File) -> FileReads:
     return shared_of(f).reads() if f.mode == "r" else FileReads(Path(f.filename), read_only=False)
 
 
-def objects_of(f: h5py.File) -> Iterable[tuple[str, Any]]:
+def object_names(f: h5py.File) -> list[bytes]:
+    """The names of the objects :func:`objects_of` gives, in its order, as HDF5 has them."""
+    return shared_of(f).names() if f.mode == "r" else _names(f)
+
+
+def objects_of(f: h5py.File, names: Sequence[bytes] | None = None) -> Iterable[tuple[str, Any]]:
     """Every object below the root (groups and datasets, as h5py objects) but
-    :func:`layout_twins`, by path, in the order ``visititems`` visits them. Each is opened as
+    :func:`layout_twins`, by path, in the order ``visititems`` visits them; with ``names`` (of
+    :func:`object_names`), those alone, in that order. Each is opened as
     the walk reaches it, and not held by the walk: HDF5 holds about 12.5 KB for each open
     object, and a robomimic file of 2,000 demos has 34,000. A file open read-only is walked
     once, its objects held open up to :data:`HELD` of them (:class:`Held`): its objects
     cannot change, and opening its leaves, checking its objects and packing it each need
     them, while h5py takes 30-60 µs to open each. A file open for writing is walked afresh."""
-    return shared_of(f).objects() if f.mode == "r" else _visit(f)
+    return shared_of(f).objects(names) if f.mode == "r" else _visit(f, names)
 
 
 def object_at(f: h5py.File, path: str) -> Any:
@@ -301,14 +307,14 @@ def _names(f: h5py.File) -> list[bytes]:
     return [raw for raw in names if not (raw in twins or raw.startswith(inside))]
 
 
-def _visit(f: h5py.File) -> Iterator[tuple[str, Any]]:
+def _visit(f: h5py.File, names: Sequence[bytes] | None = None) -> Iterator[tuple[str, Any]]:
     """What ``f.visititems`` visits, made with h5py's low-level calls as they are asked for:
     its ``f[name]`` makes a File object for every object it opens (to ask the file's mode),
     which took 80 µs an object against 30-50 µs here (a 4,000-object robomimic file: 0.27-0.37
     s against 0.17-0.32 s). Datasets get chunk caches sized by :func:`_cache_slots`."""
     readonly = f.mode == "r"
     _, slots, nbytes, w0 = f.id.get_access_plist().get_cache()
-    for raw in _names(f):
+    for raw in _names(f) if names is None else names:
         with phil:  # not held while the caller has the object
             obj = _open(f, raw, readonly, slots, nbytes, w0)
         yield _name(raw), obj
