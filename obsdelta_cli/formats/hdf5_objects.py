@@ -55,8 +55,8 @@ def hash_objects(
     return {key: h for _name, key, h in each if h is not None}
 
 
-#: Objects each child hashes at least where :func:`begin_hashes` splits a file's walk: a
-#: child's fork and the HDF5 state it starts with cost about what a few hundred objects do.
+#: Objects each child hashes at least where :func:`begin_hashes` splits a file's walk: a file
+#: of fewer is hashed by one child, as splitting it would save less than the caller notices.
 PART_OBJECTS = 2000
 
 
