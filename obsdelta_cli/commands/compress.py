@@ -455,7 +455,8 @@ def _writer(
         # Every stored leaf hashed in blocks, as the output holds it: taken where the pass read
         # or copied its rows (the observations, a folder's copied leaves, an HDF5 output's raw
         # copies), else read back from the output just written (in memory still), not from
-        # the input a second time.
+        # the input a second time, but where the container says the input's leaf costs less
+        # to read and holds the same values (written_leaf: HDF5's small whole copies).
         fed = {key_str(k): r for k, f in feeds.items() if (r := f.result()) is not None}
         if source.batch_dims == 1:
             fed = {**sink.blocks, **fed}
