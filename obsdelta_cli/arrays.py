@@ -6,11 +6,15 @@ comes in at the edges only (``.pt`` files, tensordict, ``open_dataset`` and the 
 storage, the float casts of the delta codecs), through :func:`to_torch` and
 :func:`from_torch`, which share memory and never copy.
 
->>> dtype_of("bfloat16") is BFLOAT16, dtype_name(np.dtype(np.float32)), dtype_name(BFLOAT16)
+``ml_dtypes`` is imported only where a bfloat16 is met (:func:`bfloat16`): as it is imported
+it registers each of its dozens of types with numpy, one loop at a time, which in its recent
+releases costs more than the rest of a command's start-up.
+
+>>> dtype_of("bfloat16") is bfloat16(), dtype_name(np.dtype(np.float32)), dtype_name(bfloat16())
 (True, 'float32', 'bfloat16')
->>> is_float(BFLOAT16), is_float(np.dtype(np.int16)), bits_dtype(np.dtype(np.float32))
+>>> is_float(bfloat16()), is_float(np.dtype(np.int16)), bits_dtype(np.dtype(np.float32))
 (True, False, dtype('int32'))
->>> from_torch(to_torch(np.arange(3.0, dtype=BFLOAT16))).tolist()
+>>> from_torch(to_torch(np.arange(3.0, dtype=bfloat16()))).tolist()
 [0.0, 1.0, 2.0]
 """
 
@@ -18,9 +22,9 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-import ml_dtypes
 import numpy as np
 
 from . import interrupts
@@ -29,13 +33,49 @@ from .manifest import DTYPES as DTYPE_NAMES
 if TYPE_CHECKING:
     import torch
 
-#: numpy has no bfloat16 of its own.
-BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+_BFLOAT16: np.dtype | None = None
+
+
+def bfloat16() -> np.dtype:
+    """numpy's bfloat16 (numpy has none of its own: ``ml_dtypes``'), imported on first use."""
+    global _BFLOAT16
+    if _BFLOAT16 is None:
+        import ml_dtypes
+
+        _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+    return _BFLOAT16
+
+
+def is_bfloat16(dtype: Any) -> bool:
+    """Whether ``dtype`` is :func:`bfloat16`, without importing ``ml_dtypes``: no array holds
+    its bfloat16 before it is imported."""
+    if _BFLOAT16 is None and "ml_dtypes" not in sys.modules:
+        return False
+    return bool(dtype == bfloat16())
+
+
+class _Dtypes(Mapping[str, np.dtype]):
+    """By name, the dtypes of :data:`DTYPES`: bfloat16 made when it is asked for."""
+
+    def __init__(self, names: Any) -> None:
+        self._names = sorted(names)
+        self._plain = {name: np.dtype(name) for name in self._names if name != "bfloat16"}
+
+    def __getitem__(self, name: str) -> np.dtype:
+        if name == "bfloat16" and name in self._names:
+            return bfloat16()
+        return self._plain[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 #: Every dtype a leaf obsdelta encodes or stores may have, by its name in the metadata (the
 #: names torch and numpy share).
-DTYPES: dict[str, np.dtype] = {
-    name: BFLOAT16 if name == "bfloat16" else np.dtype(name) for name in sorted(DTYPE_NAMES)
-}
+DTYPES: Mapping[str, np.dtype] = _Dtypes(DTYPE_NAMES)
 _SIGNED: dict[int, np.dtype] = {size: np.dtype(f"int{8 * size}") for size in (1, 2, 4, 8)}
 
 
@@ -51,7 +91,7 @@ def dtype_name(dtype: np.dtype) -> str:
 
 def is_float(dtype: np.dtype) -> bool:
     """Whether ``dtype`` is a floating-point type (bfloat16 included)."""
-    return dtype.kind == "f" or dtype == BFLOAT16
+    return dtype.kind == "f" or is_bfloat16(dtype)
 
 
 def bits_dtype(dtype: np.dtype) -> np.dtype:
@@ -78,7 +118,11 @@ def sorted_distinct(values: np.ndarray) -> np.ndarray:
 
 def float_info(dtype: np.dtype) -> Any:
     """``finfo`` of a float dtype, bfloat16 included."""
-    return ml_dtypes.finfo(dtype) if dtype == BFLOAT16 else np.finfo(dtype)
+    if is_bfloat16(dtype):
+        import ml_dtypes
+
+        return ml_dtypes.finfo(dtype)
+    return np.finfo(dtype)
 
 
 #: torch threads a running command wants (``None``: torch's own choice); see
@@ -118,7 +162,7 @@ def to_torch(a: np.ndarray) -> torch.Tensor:
     th = torch_module()
 
     def tensor() -> torch.Tensor:
-        if a.dtype == BFLOAT16:
+        if is_bfloat16(a.dtype):
             return th.from_numpy(a.view(np.int16)).view(th.bfloat16)
         return th.from_numpy(a)
 
@@ -135,7 +179,7 @@ def from_torch(t: torch.Tensor) -> np.ndarray:
 
     t = t.detach()
     if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(BFLOAT16)
+        return t.view(torch.int16).numpy().view(bfloat16())
     return t.numpy()
 
 

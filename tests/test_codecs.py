@@ -20,7 +20,7 @@ from tensordict import TensorDict
 
 import obsdelta_cli.codecs as codecs_pkg
 from obsdelta_cli import compress, inflate
-from obsdelta_cli.arrays import BFLOAT16, from_torch, is_float, to_torch
+from obsdelta_cli.arrays import bfloat16, from_torch, is_float, to_torch
 from obsdelta_cli.codecs import CODECS, Codec, codec_from_config, make_codec
 from obsdelta_cli.errors import InputError, UsageError
 from obsdelta_cli.stats import bit_equal_rows, by_row
@@ -79,7 +79,7 @@ def test_unknown_ids_list_the_known_ones() -> None:
 HOSTILE = [0.0, -0.0, np.nan, np.inf, -np.inf, 1e30, -1e30, 1e-40, 5e-324, 65504.0, 65520.0]
 FLOATS = {
     "float16": np.dtype(np.float16),
-    "bfloat16": BFLOAT16,
+    "bfloat16": bfloat16(),
     "float32": np.dtype(np.float32),
     "float64": np.dtype(np.float64),
 }

@@ -18,7 +18,7 @@ import torch
 from tensordict import TensorDictBase
 
 from obsdelta_cli import compress, inflate, report, verify
-from obsdelta_cli.arrays import BFLOAT16
+from obsdelta_cli.arrays import bfloat16
 from obsdelta_cli.errors import InputError
 from obsdelta_cli.formats import hdf5_leaves, hdf5_walk
 from obsdelta_cli.formats.hdf5 import H5_COMPRESSIONS, read_meta
@@ -423,7 +423,7 @@ def test_rows_read_at_their_offset_are_the_rows_hdf5_reads(tmp_path: Path, layou
     }.get(layout, {})
     path = tmp_path / "x.h5"
     with h5py.File(path, "w") as f:
-        bits = values.astype(BFLOAT16).view(np.int16)
+        bits = values.astype(bfloat16()).view(np.int16)
         data = bits if layout == "bf16" else values
         ds = f.create_dataset("x", data=data, **options)
         if layout == "bf16":
@@ -435,7 +435,7 @@ def test_rows_read_at_their_offset_are_the_rows_hdf5_reads(tmp_path: Path, layou
         got = leaf.read(10, 990)
         expect = np.ascontiguousarray(f["x"][10:990]).astype("=" + f["x"].dtype.str[1:])
         if layout == "bf16":
-            expect = expect.view(BFLOAT16)
+            expect = expect.view(bfloat16())
         assert isinstance(got, np.ndarray) and got.dtype == expect.dtype
         assert np.array_equal(got.view(np.uint8), expect.view(np.uint8))
         assert leaf.read(995, 2000).shape == (5, 7)  # past the end: the rows there are

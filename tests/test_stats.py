@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from obsdelta_cli.arrays import BFLOAT16
+from obsdelta_cli.arrays import bfloat16
 from obsdelta_cli.stats import ErrorStats, all_finite, bit_equal_rows, column_max, rows_without
 
-FLOATS = [np.dtype(np.float16), BFLOAT16, np.dtype(np.float32), np.dtype(np.float64)]
+FLOATS = [np.dtype(np.float16), bfloat16(), np.dtype(np.float32), np.dtype(np.float64)]
 DTYPES = [*FLOATS, np.dtype(np.uint8), np.dtype(np.int64)]
 # Short rows take the matrix-product path, wide ones the per-row reduction.
 WIDTHS = [1, 3, 11, 255, 256, 700]

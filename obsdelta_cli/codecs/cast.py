@@ -27,24 +27,25 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..arrays import BFLOAT16, from_torch, to_torch, torch_dtype, torch_module
+from ..arrays import dtype_of, from_torch, to_torch, torch_dtype, torch_module
 from .base import Codec
 
 
 class CastDelta(Codec):
     """Base of the cast codecs; subclasses only name their id and dtype."""
 
-    dtype: ClassVar[np.dtype]
+    #: The stored dtype's name (bfloat16's dtype is made only when it is asked for).
+    stored: ClassVar[str]
 
     def stored_dtype(self, source: np.dtype) -> np.dtype:
-        return self.dtype
+        return dtype_of(self.stored)
 
     def encode(
         self, obs: np.ndarray, next_obs: np.ndarray, successor: np.ndarray | None
     ) -> np.ndarray:
         torch = torch_module()  # its float casts: ~10x numpy's speed (see the module docstring)
 
-        dtype = torch_dtype(self.dtype)
+        dtype = torch_dtype(dtype_of(self.stored))
         work = torch.promote_types(torch_dtype(obs.dtype), dtype)
         return from_torch((to_torch(next_obs).to(work) - to_torch(obs).to(work)).to(dtype))
 
@@ -63,17 +64,17 @@ class CastDelta(Codec):
 
 class Float16Delta(CastDelta):
     id = "fp16"
-    dtype = np.dtype(np.float16)
+    stored = "float16"
     summary = "float16 delta (TorchRL's default): 11 significant bits, |delta| <= 65504"
 
 
 class BFloat16Delta(CastDelta):
     id = "bf16"
-    dtype = BFLOAT16
+    stored = "bfloat16"
     summary = "bfloat16 delta: 8 significant bits, float32's range"
 
 
 class Float32Delta(CastDelta):
     id = "fp32"
-    dtype = np.dtype(np.float32)
+    stored = "float32"
     summary = "float32 delta: for float64 sources or deltas beyond float16's range"

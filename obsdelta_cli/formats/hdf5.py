@@ -28,7 +28,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from ..arrays import BFLOAT16
+from ..arrays import is_bfloat16
 from ..checksum import Hasher
 from ..errors import InputError, UsageError, failed_write, write_error
 from ..filters import short_zstd_name
@@ -383,7 +383,7 @@ class HDF5Format(Format):
                     dcpl.set_alloc_time(recorded["alloc_time"])
                 ds = create_dataset(group, name, layout.dtype, spec.shape, maxshape, dcpl)
                 copy_attrs(layout, ds)
-        if spec.dtype == BFLOAT16:
+        if is_bfloat16(spec.dtype):
             ds.attrs[BF16_ATTR] = "bfloat16"
         return ds
 

@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 from h5py._objects import phil
 
-from ..arrays import BFLOAT16, DTYPES, dtype_name
+from ..arrays import DTYPES, bfloat16, dtype_name, is_bfloat16
 from ..errors import InputError
 from .base import ArrayStore, Key
 from .chunk_cache import BandReads, ChunkCache
@@ -72,7 +72,7 @@ _LEAF_DTYPES: dict[np.dtype, np.dtype | None] = {}
 
 def h5_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype HDF5 stores a leaf of ``dtype`` as (bfloat16 as its uint16 bits)."""
-    return np.dtype(np.uint16) if dtype == BFLOAT16 else np.dtype(dtype)
+    return np.dtype(np.uint16) if is_bfloat16(dtype) else np.dtype(dtype)
 
 
 def read_rows(ds: h5py.Dataset, rows: Any, file: Path, what: str) -> np.ndarray:
@@ -163,7 +163,7 @@ class H5Leaf(LazyLeaf):
         # and costs 15-25 µs, which a robomimic file's thousands of leaves pay several times.
         stored = ds.id.dtype
         self.bf16 = is_bf16(ds)
-        dtype = BFLOAT16 if self.bf16 else leaf_dtype(stored)
+        dtype = bfloat16() if self.bf16 else leaf_dtype(stored)
         assert dtype is not None
         self.dtype = dtype
         # A dataset with an offset is contiguous: it has no chunks to ask about.
@@ -414,7 +414,7 @@ class H5Arrays(ArrayStore):
         group = self.f.require_group(self.group)
         features = tuple(rows.shape[1:])
         row_bytes = max(1, math.prod(features) * rows.itemsize)
-        if not self.opaque and rows.dtype != BFLOAT16:
+        if not self.opaque and not is_bfloat16(rows.dtype):
             self._append_numbers(group, name, rows, row_bytes)
             return
         if name not in group:

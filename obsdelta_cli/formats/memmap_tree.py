@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from ..arrays import DTYPES, dtype_name
@@ -103,11 +102,19 @@ class Tree:
 
 
 #: Dtypes torch has besides those of :data:`~obsdelta_cli.arrays.DTYPES` whose leaves are still
-#: copied (their bytes mean the same to numpy).
-_OTHER_DTYPES = {
-    name: np.dtype(getattr(ml_dtypes, name, None) or name)
-    for name in ("complex64", "complex128", "float8_e4m3fn", "float8_e5m2")
-}
+#: copied (their bytes mean the same to numpy); the float8 ones are ``ml_dtypes``', imported
+#: only for a leaf of one (see :mod:`obsdelta_cli.arrays`).
+_OTHER_DTYPES = ("complex64", "complex128", "float8_e4m3fn", "float8_e5m2")
+
+
+def _other_dtype(name: str) -> np.dtype | None:
+    if name not in _OTHER_DTYPES:
+        return None
+    if name.startswith("float8"):
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, name))
+    return np.dtype(name)
 
 
 def leaf_dtype(name: object) -> np.dtype | None:
@@ -118,7 +125,7 @@ def leaf_dtype(name: object) -> np.dtype | None:
     (dtype(bfloat16), dtype('float32'), None)
     """
     bare = str(name).removeprefix("torch.")
-    return DTYPES.get(bare) or _OTHER_DTYPES.get(bare)
+    return DTYPES.get(bare) or _other_dtype(bare)
 
 
 def _fail(msg: str, file: Path, key: str | None = None, hint: str = "damaged folder") -> InputError:

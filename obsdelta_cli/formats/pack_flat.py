@@ -39,7 +39,7 @@ import h5py
 import numpy as np
 import xxhash
 
-from ..arrays import BFLOAT16
+from ..arrays import bfloat16
 from ..errors import UsageError
 from .base import Key
 from .hdf5 import copy_attrs
@@ -361,7 +361,7 @@ class Flat:
     def leaf(self, twin: h5py.Dataset, path: str) -> LazyLeaf:
         """Member ``path``'s leaf: its rows of its family's dataset, in its twin's dtype."""
         base = self._column(self.info["datasets"][path]["flat"])
-        dtype = BFLOAT16 if is_bf16(twin) else leaf_dtype(twin.dtype)
+        dtype = bfloat16() if is_bf16(twin) else leaf_dtype(twin.dtype)
         if dtype is None:
             raise damaged_pack(self.file, f"member {path} has a dtype obsdelta does not read")
         rows = int(twin.shape[0])

@@ -13,7 +13,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from ..arrays import BFLOAT16, sorted_distinct
+from ..arrays import bfloat16, is_bfloat16, sorted_distinct
 from ..errors import InputError, UsageError
 from ..filters import FRAME_DELTA, undo_frame_delta
 from .base import ArrayStore, Key
@@ -166,7 +166,7 @@ class ColumnsLeaf(LazyLeaf):
         self.file = file
         self.shape = tuple(ds.shape)
         bf16 = is_bf16(ds)
-        dtype = BFLOAT16 if bf16 else leaf_dtype(ds.dtype)
+        dtype = bfloat16() if bf16 else leaf_dtype(ds.dtype)
         if not ds.is_virtual or len(self.shape) != 2 or dtype is None:
             raise damaged_pack(file, f"{ds.name} is not the virtual dataset the metadata records")
         self.dtype = dtype
@@ -211,7 +211,7 @@ class ColumnsLeaf(LazyLeaf):
             if source not in read:  # each source once, whatever number of blocks it gives
                 read[source] = self._read_source(source, rows, count)
             out[:, start:stop] = read[source][:, at : at + stop - start]
-        return out.view(BFLOAT16) if self.dtype == BFLOAT16 else out
+        return out.view(self.dtype) if is_bfloat16(self.dtype) else out
 
     def _read_source(self, source: str, rows: Any, count: int) -> np.ndarray:
         direct = self._direct[source]

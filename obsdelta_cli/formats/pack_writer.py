@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 import xxhash
 
-from ..arrays import BFLOAT16, dtype_name
+from ..arrays import dtype_name, is_bfloat16
 from ..errors import UsageError
 from ..filters import (
     FILTERS,
@@ -63,7 +63,7 @@ class Chooser:
 
 def stored_rows(a: np.ndarray) -> np.ndarray:
     """Rows as HDF5 holds them: bfloat16 as its uint16 bits."""
-    return a.view(np.uint16) if a.dtype == BFLOAT16 else a
+    return a.view(np.uint16) if is_bfloat16(a.dtype) else a
 
 
 class DatasetWriter:
@@ -216,7 +216,7 @@ class Early:
             writer.begin()
             return Leaf(writer)
         filtered = _filtered(source.shape, np.dtype(source.dtype))  # else stored as it is
-        if not is_dataset_key(key) or not filtered or source.dtype == BFLOAT16:
+        if not is_dataset_key(key) or not filtered or is_bfloat16(source.dtype):
             return None  # left to the packing step, which refuses a bad key
         group, name = _group_of(self.out, key)
         path, shape = key_str(key), tuple(source.shape)
@@ -278,7 +278,7 @@ def pack_leaf(leaf: LazyLeaf, key: Key, out: h5py.File, chooser: Chooser) -> dic
     else:  # too small to filter
         group.create_dataset(name, data=read(0, leaf.shape[0]), track_times=False)
         entry = {"filter": None}
-    if leaf.dtype == BFLOAT16:
+    if is_bfloat16(leaf.dtype):
         group[name].attrs[BF16_ATTR] = "bfloat16"
     return entry
 
