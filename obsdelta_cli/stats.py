@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -245,6 +246,14 @@ class ErrorStats:
         self.max_rel_error = max(self.max_rel_error, other.max_rel_error)
         self._feature_max(other.feature_max_abs)
 
+    def _add_blocks(self, row_sums: np.ndarray, block: int) -> None:
+        n = row_sums.shape[0]
+        full = n - n % block
+        if full:
+            self._block_sums.extend(row_sums[:full].reshape(-1, block).sum(axis=1).tolist())
+        if full < n:
+            self._block_sums.append(float(row_sums[full:].sum()))
+
     def _feature_max(self, values: np.ndarray | None) -> None:
         if values is not None:
             old = self.feature_max_abs
@@ -264,9 +273,13 @@ class ErrorStats:
         exceptions: int,
         block: int,
         same: np.ndarray | None = None,
+        parts: Sequence[tuple[int, int]] = (),
     ) -> None:
         """Add a chunk of final rows ``[n, ...]`` (exception rows already patched in), a whole
-        number of ``block`` rows but for the last; ``same`` flags rows known bit-identical."""
+        number of ``block`` rows but for the last; ``same`` flags rows known bit-identical.
+        ``parts``: where the chunk is the rows of several parts one after another (short
+        demos coded together), ``(rows, block)`` of each, whose blocks are summed apart as if
+        each had been added alone."""
         n = truth.shape[0]
         self.rows += n
         self.exception_rows += exceptions
@@ -298,11 +311,10 @@ class ErrorStats:
             row_sums[~same] = differing
         else:
             row_sums = differing
-        full = n - n % block
-        if full:
-            self._block_sums.extend(row_sums[:full].reshape(-1, block).sum(axis=1).tolist())
-        if full < n:
-            self._block_sums.append(float(row_sums[full:].sum()))
+        start = 0
+        for rows, part_block in parts or [(n, block)]:
+            self._add_blocks(row_sums[start : start + rows], part_block)
+            start += rows
         # Relative to non-zero originals only: dividing by inf there gives 0.
         base = by_row(np.abs(t64, out=t64))
         base[base == 0] = np.inf

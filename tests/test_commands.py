@@ -460,7 +460,7 @@ def test_the_lossless_default_reads_nothing_before_its_encoding_pass(
 ) -> None:
     src = WRITERS[layout](hopper, tmp_path / "in")
     module = importlib.import_module("obsdelta_cli.commands.compress")
-    measure = module.measure_pair
+    measure = module.measure_pairs
     measured: list[int] = []
 
     def counted(*args: Any, **kwargs: Any) -> Any:
@@ -468,13 +468,13 @@ def test_the_lossless_default_reads_nothing_before_its_encoding_pass(
         measured.append(figures[0].rows)
         return figures
 
-    monkeypatch.setattr(module, "measure_pair", counted)
+    monkeypatch.setattr(module, "measure_pairs", counted)
     keys = compress(src, tmp_path / "small", chunk_mb=0.01).keys
     # Nothing is read before encoding: the encoding pass finds out that exact pays (a sixth
     # of the rows was read twice when that was measured first).
     assert measured == []
     # Its figures in the result are still those of every row, as a full measurement gives.
-    monkeypatch.setattr(module, "measure_pair", measure)
+    monkeypatch.setattr(module, "measure_pairs", measure)
     full = report(src, chunk_mb=0.01).keys
     assert [k.codec for k in keys] == ["exact"] * len(keys)
     exact = [[c for c in k.candidates or [] if c.codec == "exact"] for k in full]

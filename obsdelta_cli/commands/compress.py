@@ -35,7 +35,7 @@ from ..selection import KeyGroup, candidates, check_time_dim, dtype_name, pairs_
 from ..stats import ErrorStats
 from ..stream import Behind, Stream, beside
 from .common import DEFAULT_CHUNK_MB, check_bound, one_thread, streamed_observations, write
-from .encode import Pieces, encode_pair, measure_pair
+from .encode import Pieces, encode_pair, measure_pairs
 from .verify import object_skip, verify_written
 
 
@@ -87,10 +87,7 @@ def measure_key(
 ) -> tuple[list[Codec], list[Candidate], list[ErrorStats]]:
     """Every candidate codec's figures on every pair of ``key``."""
     codecs = candidates(key.dtype, bound)
-    totals = [ErrorStats() for _ in codecs]
-    for p in key.pairs:
-        for total, s in zip(totals, measure_pair(stream, source, p, codecs, bound), strict=True):
-            total.merge(s)
+    totals = measure_pairs(stream, source, key.pairs, codecs, bound)
     cands = [candidate(key, c, s) for c, s in zip(codecs, totals, strict=True)]
     return codecs, cands, totals
 

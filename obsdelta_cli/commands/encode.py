@@ -187,19 +187,70 @@ def _account(stats: ErrorStats, c: Coded, truth: np.ndarray, block: int) -> None
     stats.update(truth, c.rebuilt, exceptions=int(c.bad.size), same=c.verdict.same, block=block)
 
 
-def measure_pair(
+#: Pairs read in one chunk each are measured together, up to this many bytes of observations
+#: at a time: a robomimic key has hundreds of demos of a few dozen rows, and a codec's work on
+#: a chunk has a fixed cost that exceeds such a demo's rows many times over.
+BATCH_BYTES = 1 << 22
+
+#: A chunk to measure: its pair's rows per block, observations, next and successor rows.
+Piece = tuple[int, np.ndarray, np.ndarray, np.ndarray | None]
+
+
+def measure_pairs(
     stream: Stream,
     source: Source,
-    pair: Pair,
+    pairs: Sequence[Pair],
     codecs: Sequence[Codec],
     bound: float | None,
 ) -> list[ErrorStats]:
-    """Figures of every codec on ``pair``, reading it once, writing nothing."""
+    """Figures of every codec on ``pairs`` (of one key), reading each once, writing nothing.
+    Pairs read in a single chunk are coded a batch at a time: every codec codes and judges
+    each row on its own, and each pair's rows are still summed in blocks of their own (see
+    :meth:`ErrorStats.update`), so the figures are those of coding each pair apart."""
     stats = [ErrorStats() for _ in codecs]
     successors = any(c.uses_successor for c in codecs)
-    for block, _sl, o, n, succ in chunks(stream, source, pair, successors):
-        for codec, s in zip(codecs, stats, strict=True):
-            c = code_chunk(codec, o, n, succ, bound)
-            s.count(c.verdict)
-            s.update(n, c.rebuilt, exceptions=int(c.bad.size), same=c.verdict.same, block=block)
+    batch: list[Piece] = []
+    batch_bytes = 0
+    for pair in pairs:
+        first: Piece | None = None
+        several = False
+        for block, _sl, o, n, succ in chunks(stream, source, pair, successors):
+            if first is None and not several:
+                first = (block, o, n, succ)
+                continue
+            if first is not None:  # a pair of several chunks: each measured as it comes
+                _measure([first], codecs, stats, bound)
+                first, several = None, True
+            _measure([(block, o, n, succ)], codecs, stats, bound)
+        if first is not None:
+            batch.append(first)
+            batch_bytes += first[1].nbytes
+            if batch_bytes >= BATCH_BYTES:
+                _measure(batch, codecs, stats, bound)
+                batch, batch_bytes = [], 0
+    if batch:
+        _measure(batch, codecs, stats, bound)
     return stats
+
+
+def _measure(
+    pieces: Sequence[Piece], codecs: Sequence[Codec], stats: list[ErrorStats], bound: float | None
+) -> None:
+    """Add every codec's figures on ``pieces``, coded as one chunk."""
+    if len(pieces) == 1:
+        block, o, n, succ = pieces[0]
+        parts: list[tuple[int, int]] = []
+    else:
+        block = pieces[0][0]
+        o = np.concatenate([p[1] for p in pieces])
+        n = np.concatenate([p[2] for p in pieces])
+        # Every piece has successors, or none has (its codecs ask for them or not).
+        with_succ = [p[3] for p in pieces if p[3] is not None]
+        succ = np.concatenate(with_succ) if with_succ else None
+        parts = [(p[2].shape[0], p[0]) for p in pieces]
+    for codec, s in zip(codecs, stats, strict=True):
+        c = code_chunk(codec, o, n, succ, bound)
+        s.count(c.verdict)
+        s.update(
+            n, c.rebuilt, exceptions=int(c.bad.size), same=c.verdict.same, block=block, parts=parts
+        )

@@ -71,7 +71,7 @@ from .hdf5_safety import (
     output_libver,
     written_here,
 )
-from .hdf5_walk import OWN, OWN_PLACES, h5_file, held_at
+from .hdf5_walk import OWN, OWN_PLACES, h5_file, held_at, object_names
 from .leaf import nbytes
 
 hdf5plugin: Any
@@ -276,7 +276,10 @@ class HDF5Format(Format):
     def bookkeeping(self, source: Source, removed: list[Key]) -> int:
         f: h5py.File = source.handle
         gone = {key_str(k) for k in removed}
-        total = sum(header_bytes(f[name], group=False) for name in gone if name in f)
+        # The walk's names: h5py's ``name in f`` follows each link of a path in Python.
+        walked = set(object_names(f))
+        there = (name for name in gone if name.encode("utf-8", "surrogateescape") in walked)
+        total = sum(header_bytes(f, group=False, path=name) for name in there)
         parents = {name.rpartition("/")[0] for name in gone}
         for parent in parents - {""}:
             group = f[parent]

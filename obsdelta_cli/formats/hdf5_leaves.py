@@ -182,8 +182,14 @@ class H5Leaf(LazyLeaf):
             opened = ds.file  # a new File object, held: the leaf holds its dataset anyway
             reads = FileReads(file, opened.mode == "r", lambda: opened)
         self._reads = reads
+        #: Bytes stored by a dataset that is not chunked (its header says, no chunk index is
+        #: read), asked while it is open where the file is read-only (where they cannot change):
+        #: asked later, a dataset the walk no longer holds is opened again.
+        self._storage: int | None = None
         if self._held is not None:
             self._raw_offset(ds)  # asked while the dataset is open: reads need no handle
+            if not self._filterable:
+                self._storage = int(ds.id.get_storage_size())
 
     @property
     def ds(self) -> h5py.Dataset:
@@ -203,6 +209,8 @@ class H5Leaf(LazyLeaf):
 
     def storage_bytes(self) -> int:
         """Bytes the dataset takes in the file, after its filters."""
+        if self._storage is not None:
+            return self._storage
         return int(self.ds.id.get_storage_size())
 
     @property

@@ -541,9 +541,12 @@ def hash_span(h: Any, fd: int, offset: int, size: int, cold: ColdReads | None = 
         beat()
 
 
-def header_bytes(obj: Any, *, group: bool) -> int:
-    """An object's header, and for a group its link index and name heap."""
-    info = h5py.h5o.get_info(obj.id)
+def header_bytes(obj: Any, *, group: bool, path: str | None = None) -> int:
+    """An object's header, and for a group its link index and name heap. ``path``: ``obj`` is
+    the file (or group), the object the one at ``path`` below it, asked for by name, so that
+    nothing is opened (a robomimic file's thousands of datasets cost a walk's time to open)."""
+    at = None if path is None else path.encode("utf-8", "surrogateescape")
+    info = h5py.h5o.get_info(obj.id) if at is None else h5py.h5o.get_info(obj.id, at)
     total = int(info.hdr.space.total)
     if group:
         total += int(info.meta_size.obj.index_size + info.meta_size.obj.heap_size)
