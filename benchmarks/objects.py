@@ -6,16 +6,17 @@ A robomimic demo holds about 17 HDF5 objects of a few KB each (``tests/realistic
 ``write_robomimic_real``: real Hopper-v5 states, 20-40 steps a demo, no camera keys), so such
 a file's time goes to per-object work rather than to its bytes. For each number of demos: the
 file's size and objects, then wall time and peak RSS of ``compress`` (verification included),
-``verify`` and ``inflate`` of its output and ``compress --pack``, each run once with the
-programs and the input warm,
-and, for reference, HDF5's own copy of every object (h5py's ``copy`` of each top-level
-group, in C, nothing checked or hashed). Per object: a command's time over the input's object
-count.
+``verify`` and ``inflate`` of its output, ``report`` of the input and ``compress --pack``,
+each run once with the programs and the input warm, and, for reference, HDF5's own copy of
+every object (h5py's ``copy`` of each top-level group, in C, nothing checked or hashed) and
+``h5repack`` (Debian's ``hdf5-tools``; left out where it is not on ``PATH``). Per object: a
+command's time over the input's object count.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
@@ -72,6 +73,7 @@ def main() -> None:
     remove(scratch)
     scratch.mkdir(parents=True)
     obsdelta = [PYTHON, "-m", "obsdelta_cli"]
+    repack = shutil.which("h5repack")
     compile_bytecode(obsdelta)
     rows = []
     try:
@@ -91,8 +93,11 @@ def main() -> None:
                     "--pack",
                     "-q",
                 ],
+                "report": [*obsdelta, "report", str(src)],
                 "HDF5's copy": [PYTHON, "-c", COPY, str(src), str(scratch / "copy.hdf5")],
             }
+            if repack is not None:
+                commands["h5repack"] = [repack, str(src), str(scratch / "repacked.hdf5")]
             runs = {}
             for name, argv in commands.items():
                 run = run_timed(argv)
@@ -101,12 +106,13 @@ def main() -> None:
                 runs[name] = run
                 print(f"[{demos} demos] {name}: {run.seconds:.2f} s, {run.peak_rss_mb:.0f} MB")
             rows.append((demos, src, objects_in(src), runs))
-            for path in (small, back, packed, scratch / "copy.hdf5"):
+            for path in (small, back, packed, scratch / "copy.hdf5", scratch / "repacked.hdf5"):
                 remove(path)
     finally:
         remove(scratch)
     print()
-    names = ["compress", "verify", "inflate", "compress --pack", "HDF5's copy"]
+    names = ["compress", "verify", "inflate", "report", "compress --pack", "HDF5's copy"]
+    names += ["h5repack"] if repack is not None else []
     print("| demos | file | objects | " + " | ".join(f"`{n}`" for n in names) + " |")
     print("|---|---|---|" + "---|" * len(names))
     for demos, src, count, runs in rows:

@@ -34,7 +34,7 @@ from ..errors import InputError, UsageError, failed_write, write_error
 from ..filters import short_zstd_name
 from .base import Format, Key, LeafSpec, Plan, Sink, Source, key_str
 from .direct import MIN_DIRECT
-from .hdf5_copy import CopyRule, RawCopies, Relinks, copy_object, in_place
+from .hdf5_copy import CopyRule, RawCopies, Relinks, copy_object, in_place, linked_once_at
 from .hdf5_create import (
     ALLOC_TIMES,
     Groups,
@@ -543,7 +543,8 @@ def _copy_rule(source: Source, order: Sequence[Key]) -> CopyRule:
     rules: dict[frozenset[str], CopyRule] = source.memo.setdefault("copy_rules", {})
     frozen = frozenset(dropped)
     if frozen not in rules:
-        rules[frozen] = CopyRule(source.handle, dropped)
+        sizes = ((key_str(k), nbytes(v)) for k, v in source.leaves.items() if isinstance(v, H5Leaf))
+        rules[frozen] = CopyRule(source.handle, dropped, sizes)
     return rules[frozen]
 
 
@@ -567,6 +568,9 @@ def _copy_tree(
         # The source's objects as its walk holds them open: items() would open each again.
         path = f"{prefix}/{name}" if prefix else name
         if path == OWN or path in rule.dropped:  # obsdelta's own group, a dataset dropped
+            continue
+        if path in rule.small and linked_once_at(src, name):
+            src.copy(name, dst, name=name)  # by name: see CopyRule
             continue
         obj = held_at(top, path)
         if relinks.relinked(obj, dst, name):

@@ -27,7 +27,7 @@ from .direct import ALIGN, WINDOW, ColdReads, mapped_buffer
 from .hdf5_leaves import BF16_ATTR, contiguous_span, copy_attrs
 from .hdf5_objects import hash_span, header_hash
 from .hdf5_types import space_anew, type_anew
-from .hdf5_walk import held_at, object_at
+from .hdf5_walk import held_at, object_at, raw_name
 from .leaf import LazyLeaf, read_exact, write_exact
 
 #: Datasets smaller than this are copied by HDF5: a thread would not pay.
@@ -128,8 +128,15 @@ class CopyRule:
     everything else is copied whole by HDF5's object copy.
     """
 
-    def __init__(self, f: h5py.File, dropped: set[str]) -> None:
+    def __init__(
+        self, f: h5py.File, dropped: set[str], leaf_bytes: Iterable[tuple[str, int]] = ()
+    ) -> None:
+        """``leaf_bytes``: ``(path, bytes of values)`` of datasets of numbers (leaves). Those
+        of fewer than :data:`RAW_COPY_MIN` bytes (:attr:`small`) are never copied raw, nor
+        damaged by HDF5's object copy: only their links are asked about, by name, and each is
+        copied by name (a robomimic file's thousands of them are not opened again)."""
         self.dropped = dropped
+        self.small = frozenset(path for path, size in leaf_bytes if size < RAW_COPY_MIN)
         self.source_size = Path(f.filename).stat().st_size
         self._f = f
         # Every group above a dropped dataset: it loses one.
@@ -190,6 +197,8 @@ class CopyRule:
         values must be checked as objects."""
         found = set()
         for path in paths:
+            if path in self.small:  # never copied raw: not opened to ask
+                continue
             parts = path.split("/")
             ds = object_at(self._f, path)  # as the walk holds it; a second link is not copied raw
             if (
@@ -207,8 +216,14 @@ class CopyRule:
             single, raw = True, False
             prefix = path.strip("/")
             for name in group:
+                member = f"{prefix}/{name}" if prefix else name
+                if member in self.small:
+                    if not linked_once_at(group, name):
+                        single = False
+                        break
+                    continue
                 # As the file's walk holds them open: values() would open each again.
-                obj = held_at(self._f, f"{prefix}/{name}" if prefix else name)
+                obj = held_at(self._f, member)
                 if not linked_once(obj):
                     single = False
                     break
@@ -225,6 +240,11 @@ class CopyRule:
 
 def linked_once(obj: Any) -> bool:
     return int(h5py.h5o.get_info(obj.id).rc) == 1
+
+
+def linked_once_at(group: h5py.Group, name: str | bytes) -> bool:
+    """:func:`linked_once` of ``group``'s member ``name``, asked by name: nothing is opened."""
+    return int(h5py.h5o.get_info(group.id, raw_name(name)).rc) == 1
 
 
 class Relinks:

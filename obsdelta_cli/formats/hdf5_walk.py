@@ -154,7 +154,7 @@ class Held:
 
     def get(self, name: str | bytes) -> Any:
         """The object at ``name`` (a path from the root, without the leading slash)."""
-        raw = _raw_name(name)
+        raw = raw_name(name)
         with self._lock:
             obj = self._first.get(raw)
             if obj is None and (obj := self._recent.get(raw)) is not None:
@@ -220,7 +220,7 @@ class _Shared:
     def at(self, path: str) -> Any:
         if self._known is None:
             self._known = set(self.names())
-        raw = _raw_name(path)
+        raw = raw_name(path)
         return self.held.get(raw) if raw in self._known else None
 
 
@@ -338,7 +338,7 @@ def _open(f: h5py.File, raw: bytes, readonly: bool, slots: int, nbytes: int, w0:
     raise TypeError(f"/{raw.decode(errors='replace')}: an object of unknown type {kind}")
 
 
-def _raw_name(name: str | bytes) -> bytes:
+def raw_name(name: str | bytes) -> bytes:
     """An object's name as HDF5 has it, from h5py's (the inverse of :func:`_name`)."""
     return name.encode("utf-8", "surrogateescape") if isinstance(name, str) else name
 
