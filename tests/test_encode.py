@@ -33,6 +33,7 @@ def demos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A robomimic low-dim file of 40 demos of 20-40 steps, but one of 700 (several chunks of
     the stream below) and one whose next observations hold a NaN and a value out of float16's
     range."""
+    pytest.importorskip("gymnasium")  # the demos are real Hopper-v5 rollouts
     path = write_robomimic_real(
         tmp_path_factory.mktemp("encode") / "demos.hdf5", demos=40, image=0, cameras=False
     )
