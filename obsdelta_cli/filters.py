@@ -310,7 +310,10 @@ def minimal_headers(f: h5py.File) -> None:
     cannot be made, headers keep their usual size."""
     lib = hdf5_library()
     if lib is not None:
-        lib.H5Fset_dset_no_attrs_hint(f.id.id, True)
+        from h5py._objects import phil
+
+        with phil:  # as h5py calls HDF5, which is not thread-safe
+            lib.H5Fset_dset_no_attrs_hint(f.id.id, True)
 
 
 def workers() -> int:

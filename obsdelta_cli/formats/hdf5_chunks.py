@@ -33,6 +33,7 @@ from typing import Any
 
 import h5py
 import numpy as np
+from h5py._objects import phil
 
 from ..errors import InputError
 from ..filters import ZSTD_FILTER, ThreadsPerCore, fletcher32, hdf5_library
@@ -96,7 +97,11 @@ def _chunk_opts(plist: h5py.h5p.PropDCID) -> int | None:
         return None
     get.argtypes = [ctypes.c_int64, ctypes.POINTER(ctypes.c_uint)]
     opts = ctypes.c_uint(0)
-    return int(opts.value) if get(plist.id, ctypes.byref(opts)) >= 0 else None
+    # Under h5py's lock, as h5py calls HDF5: the library is not thread-safe, and this is asked
+    # from reading threads while other threads use it (a call beside one crashed the process).
+    with phil:
+        got = get(plist.id, ctypes.byref(opts))
+    return int(opts.value) if got >= 0 else None
 
 
 def unshuffle(data: bytes | memoryview | np.ndarray, itemsize: int) -> np.ndarray:

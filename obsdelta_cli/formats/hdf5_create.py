@@ -10,6 +10,7 @@ from typing import Any
 
 import h5py
 import numpy as np
+from h5py._objects import phil
 
 from ..filters import hdf5_library
 
@@ -119,10 +120,11 @@ def gcpl_like(group: h5py.Group) -> h5py.h5p.PropGCID:
     if lib is not None:  # the settings h5py does not wrap
         a, b, size = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_size_t()
         have, made = ctypes.c_int64(src.id), ctypes.c_int64(new.id)
-        if lib.H5Pget_link_phase_change(have, ctypes.byref(a), ctypes.byref(b)) >= 0:
-            lib.H5Pset_link_phase_change(made, a, b)
-        if lib.H5Pget_est_link_info(have, ctypes.byref(a), ctypes.byref(b)) >= 0:
-            lib.H5Pset_est_link_info(made, a, b)
-        if lib.H5Pget_local_heap_size_hint(have, ctypes.byref(size)) >= 0:
-            lib.H5Pset_local_heap_size_hint(made, size)
+        with phil:  # as h5py calls HDF5, which is not thread-safe
+            if lib.H5Pget_link_phase_change(have, ctypes.byref(a), ctypes.byref(b)) >= 0:
+                lib.H5Pset_link_phase_change(made, a, b)
+            if lib.H5Pget_est_link_info(have, ctypes.byref(a), ctypes.byref(b)) >= 0:
+                lib.H5Pset_est_link_info(made, a, b)
+            if lib.H5Pget_local_heap_size_hint(have, ctypes.byref(size)) >= 0:
+                lib.H5Pset_local_heap_size_hint(made, size)
     return new
