@@ -71,7 +71,7 @@ from .hdf5_safety import (
     output_libver,
     written_here,
 )
-from .hdf5_walk import OWN, OWN_PLACES, h5_file, held_at, object_names
+from .hdf5_walk import OWN, OWN_PLACES, h5_file, held_at, object_names, raw_name
 from .leaf import nbytes
 
 hdf5plugin: Any
@@ -278,7 +278,7 @@ class HDF5Format(Format):
         gone = {key_str(k) for k in removed}
         # The walk's names: h5py's ``name in f`` follows each link of a path in Python.
         walked = set(object_names(f))
-        there = (name for name in gone if name.encode("utf-8", "surrogateescape") in walked)
+        there = (name for name in gone if raw_name(name) in walked)
         total = sum(header_bytes(f, group=False, path=name) for name in there)
         parents = {name.rpartition("/")[0] for name in gone}
         for parent in parents - {""}:

@@ -25,7 +25,7 @@ from .base import Ahead
 from .direct import PIECE, ColdReads
 from .hdf5_leaves import META_ATTR, replaced_twins
 from .hdf5_types import StoredType, space_anew, stored_type, type_anew
-from .hdf5_walk import OWN, object_names, objects_of, owned
+from .hdf5_walk import OWN, object_names, objects_of, owned, raw_name
 
 
 def hash_objects(
@@ -545,8 +545,7 @@ def header_bytes(obj: Any, *, group: bool, path: str | None = None) -> int:
     """An object's header, and for a group its link index and name heap. ``path``: ``obj`` is
     the file (or group), the object the one at ``path`` below it, asked for by name, so that
     nothing is opened (a robomimic file's thousands of datasets cost a walk's time to open)."""
-    at = None if path is None else path.encode("utf-8", "surrogateescape")
-    info = h5py.h5o.get_info(obj.id) if at is None else h5py.h5o.get_info(obj.id, at)
+    info = h5py.h5o.get_info(obj.id) if path is None else h5py.h5o.get_info(obj.id, raw_name(path))
     total = int(info.hdr.space.total)
     if group:
         total += int(info.meta_size.obj.index_size + info.meta_size.obj.heap_size)
