@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from obsdelta_cli import compress, inflate, report, verify
+from obsdelta_cli.inputs import open_input
 
 #: robomimic files written by h5py: see the ``h5py_only`` marker.
 pytestmark = pytest.mark.h5py_only
@@ -140,11 +141,13 @@ def test_objects_held_open_at_once_are_bounded(
     file's datasets hold a bounded number open (at most the :data:`~.hdf5_walk.HELD` of the
     input's walk, and a few more), not one per dataset of the file. Before, a packed Minari
     file of 2,500 episodes peaked at 825 MB."""
-    from obsdelta_cli.formats import hdf5_walk, pack_io
+    from obsdelta_cli.formats import hdf5_walk, pack_columns, pack_io
 
     compress_module = importlib.import_module("obsdelta_cli.commands.compress")
 
     monkeypatch.setattr(hdf5_walk, "HELD", 512)  # a file of more objects than are held
+    # Columns this few repeat, stored once all the same (see below).
+    monkeypatch.setattr(pack_columns, "MIN_PACK_BYTES", 1)
     src = write_many_demos(tmp_path / "demos.hdf5", demos=300, chunks=True)
     with h5py.File(src) as f:
         datasets = sum(isinstance(o, h5py.Dataset) for _, o in hdf5_walk._visit(f))
@@ -173,9 +176,30 @@ def test_objects_held_open_at_once_are_bounded(
     monkeypatch.setattr(compress_module, "leaf_digests", hashing)
     monkeypatch.setattr(pack_io, "_repack", counting(repack))
     monkeypatch.setattr(pack_io, "copy_object", counting(copy))
-    compress(src, tmp_path / "packed.hdf5", pack=True)
+    packed = tmp_path / "packed.hdf5"
+    compress(src, packed, pack=True)
     assert 0 < peaks["hashing"] <= 512 + 64, peaks
     assert 0 < peaks["repacking"] <= 512 + 64, peaks
+    # Reading the packed file: each demo's obs/qpos repeats columns of its states, so it is
+    # stored as a virtual dataset whose leaf reads those columns from states. Such leaves ask
+    # for their sources as the walk holds them: holding their own kept thousands open.
+    with h5py.File(packed) as f:
+        virtual = [
+            n for n, o in hdf5_walk._visit(f) if isinstance(o, h5py.Dataset) and o.is_virtual
+        ]
+    assert len(virtual) >= 300, len(virtual)
+    fmt, source = open_input(packed)
+    try:
+        reading = 0
+        for key, leaf in source.leaves.items():
+            values = leaf.read(0, leaf.shape[0])
+            reading = max(reading, _open_datasets())
+            if key == ("data", "demo_299", "obs", "qpos"):
+                with h5py.File(src) as f:
+                    np.testing.assert_array_equal(values, f["data/demo_299/obs/qpos"][()])
+        assert 0 < reading <= 512 + 64, reading
+    finally:
+        fmt.close(source)
     with h5py.File(src) as a, h5py.File(tmp_path / "packed.hdf5") as b:
         for name in ("data/demo_7/obs/qpos", "data/demo_299/actions"):
             np.testing.assert_array_equal(a[name][()], b[name][()])
