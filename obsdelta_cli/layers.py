@@ -72,7 +72,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ),
     (
         "core",
-        "rows, codecs, the rebuild rule, judging, hashing, HDF5 filters",
+        "rows, codecs, the rebuild rule, judging, hashing, HDF5 filters, freed memory",
         (
             "arrays",
             "blocks",
@@ -80,6 +80,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "checksum",
             "codecs.*",
             "filters",
+            "heap",
             "rebuild",
             "selection",
             "stats",

@@ -32,6 +32,7 @@ from ..arrays import is_bfloat16
 from ..checksum import Hasher
 from ..errors import InputError, UsageError, failed_write, write_error
 from ..filters import short_zstd_name
+from ..heap import give_back
 from .base import Format, Key, LeafSpec, Plan, Sink, Source, key_str
 from .direct import MIN_DIRECT
 from .hdf5_copy import CopyRule, RawCopies, Relinks, copy_object, in_place, linked_once_at
@@ -226,6 +227,7 @@ class HDF5Format(Format):
             ahead.cancel()
         super().close(source)
         source.handle.close()
+        give_back()
 
     def written_leaf(self, sink: Sink, key: Key, original: Any = None) -> Any | None:
         # Datasets copied whole (by HDF5 or the kernel) are not among the sink's leaves.

@@ -40,6 +40,7 @@ import xxhash
 from ..arrays import DTYPES
 from ..errors import UsageError
 from ..filters import plugins
+from ..heap import give_back
 from .base import SIDECAR, ArrayStore, Format, Key, Plan, Sink, Source, key_str
 from .hdf5_leaves import H5Arrays, leaf_dtype, leaves_of
 from .hdf5_meta import own_of, read_meta
@@ -221,6 +222,7 @@ def _close(f: h5py.File, memo: dict[str, Any] | None, handle: Any) -> None:
             handle.close()
         flat.close()
     f.close()
+    give_back()
 
 
 def _named_dtype(name: str) -> np.dtype | None:
