@@ -32,7 +32,8 @@ def _malloc_trim() -> Any:
 
 def give_back() -> None:
     """Free HDF5's lists of freed objects, then return the allocator's free pages to the
-    system. Call it once a file is closed: objects still open keep their memory.
+    system. Called once a file is closed (an input, or an output written): objects still open
+    keep their memory.
 
     >>> give_back()
     """

@@ -13,7 +13,6 @@ from ..errors import DataError, ObsdeltaError
 from ..formats import Format, Key, Source, detect, disk_size, key_str
 from ..formats.hdf5_objects import is_replaced_twin
 from ..formats.hdf5_walk import OWN
-from ..heap import give_back
 from ..inputs import check_leaves, manifest_of, open_detected, open_input, stream_for
 from ..manifest import HASH_ALGORITHM, Manifest
 from ..rebuild import StoredPair, stored_pairs
@@ -198,7 +197,6 @@ def verify(input: Path, *, chunk_mb: float = DEFAULT_CHUNK_MB) -> DatasetResult:
 
 def verify_written(path: Path, chunk_mb: float) -> None:
     """Check a freshly written output before it is renamed into place."""
-    give_back()  # what writing it held: the check opens as many objects again
     fmt = detect(path)
     source = open_detected(fmt, path, checking="objects")
     try:

@@ -453,10 +453,12 @@ def new_output(path: Path, libver: Any) -> h5py.File:
 
 
 def finish_output(out: h5py.File) -> None:
-    """Flush and close an output made by :func:`new_output`."""
+    """Flush and close an output made by :func:`new_output`, and give back the memory writing
+    it held (its check opens as many objects again)."""
     out.flush()
     out.close()
     _OUTPUT_FDS.pop(id(out), None)
+    give_back()
 
 
 @contextlib.contextmanager
