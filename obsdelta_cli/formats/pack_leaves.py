@@ -181,10 +181,12 @@ class ColumnsLeaf(LazyLeaf):
         reads = file_reads(f)
         #: Each source's chunks decoded outside HDF5, where they can be; ``None``: by HDF5.
         self._direct: dict[str, DirectChunks | None] = {}
-        main_chunks: dict[str, tuple[int, ...] | None] = {}
+        # Each source's columns and chunks, asked once however many blocks it gives.
+        widths: dict[str, int] = {}
+        chunks_of: dict[str, tuple[int, ...] | None] = {}
         covered = 0
         for start, stop, source, at in blocks:
-            if source not in self._direct:
+            if source not in widths:
                 src = held_at(f, source)  # as the file's walk holds it, else opened here
                 if (
                     not isinstance(src, h5py.Dataset)
@@ -192,18 +194,17 @@ class ColumnsLeaf(LazyLeaf):
                     or src.dtype != ds.dtype
                     or src.ndim != 2
                     or src.shape[0] != self.shape[0]
-                    or at + stop - start > src.shape[1]
                     or TRANSFORM_ATTR in src.attrs
                 ):
                     raise damaged_pack(
                         file, f"the source {source} of {ds.name} is missing or unfit"
                     )
+                widths[source], chunks_of[source] = src.shape[1], src.chunks
                 again = functools.partial(held_at, f, source)
                 self._direct[source] = (
                     DirectChunks.of(src, file, reads.descriptor, again) if reads.read_only else None
                 )
-                main_chunks[source] = src.chunks
-            elif at + stop - start > held_at(f, source).shape[1]:
+            if at + stop - start > widths[source]:
                 raise damaged_pack(file, f"the source {source} of {ds.name} is missing or unfit")
             if start != covered or stop <= start:
                 raise damaged_pack(file, f"the columns of {ds.name} are not recorded in order")
@@ -213,7 +214,7 @@ class ColumnsLeaf(LazyLeaf):
         self.blocks = blocks
         # Reads aligned to the chunks of the source giving most columns touch each once.
         main = max(blocks, key=lambda b: b[1] - b[0])[2]
-        chunks = main_chunks[main]
+        chunks = chunks_of[main]
         self.chunk_rows = chunks[0] if chunks else 1
 
     def _gather(self, rows: Any, count: int) -> np.ndarray:
