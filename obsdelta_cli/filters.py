@@ -45,6 +45,7 @@ from typing import Any
 
 import h5py
 import numpy as np
+from h5py._objects import phil
 
 from .errors import UsageError
 
@@ -310,8 +311,6 @@ def minimal_headers(f: h5py.File) -> None:
     cannot be made, headers keep their usual size."""
     lib = hdf5_library()
     if lib is not None:
-        from h5py._objects import phil
-
         with phil:  # as h5py calls HDF5, which is not thread-safe
             lib.H5Fset_dset_no_attrs_hint(f.id.id, True)
 
