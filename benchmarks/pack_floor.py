@@ -1,6 +1,7 @@
 """How small a packed file of many short episodes can be while its library still reads it.
 
     python benchmarks/pack_floor.py [--out benchmarks/out] [--demos 1000] [--episodes 2000]
+    python benchmarks/pack_floor.py --samples
 
 robomimic's ``SequenceDataset`` and ``minari.load_dataset`` open each episode's datasets at
 their paths (``data/demo_12/obs/object``), so a packed file they read holds every group and
@@ -18,16 +19,33 @@ stored. For a robomimic low-dim file (``tests/realistic.py``'s ``write_robomimic
   with their attributes, shapes and types and no values, plus the stored bytes of the flat
   file's families (every value, compressed together). No layout with every dataset at its path
   stores less, unless its values compress better than the flat families do.
+- the *tightest* floor: the same headers copied by HDF5's object copy (which sizes every
+  object header to its messages) into a file that shares its datatype, dataspace, fill value,
+  filter and attribute messages (HDF5's shared object header messages), plus the families at
+  the smaller of their stored bytes and zstd-19 of their byte-shuffled values: what no file the
+  libraries read can go below, whatever its writer and filters.
+
+With ``--samples``, the same for every file of ``sample_data/`` (a packed file of each holds
+its datasets at their paths, as ``PersistentTensorDict.from_h5`` reads them): the tightest
+headers of the datasets ``--pack`` stores outside obsdelta's group, plus each one's values at
+the smaller of zstd-3 and zstd-19 (byte-shuffled or not), plus what inflating the file back
+byte for byte needs beyond them: for a ``.pt``, the bytes of the original archive that are not
+its tensors' (zip records and pickle), at zstd-19.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import h5py
+import hdf5plugin  # noqa: F401  (the families' filters)
+import numpy as np
+from images import size_of, zstd3_of
 from measure import remove
 from objects import build
 from run import PYTHON
@@ -85,6 +103,75 @@ def floor_bytes(src: Path, dst: Path) -> int:
     return dst.stat().st_size
 
 
+#: HDF5's kinds of shareable object header messages (``H5O_SHMESG_ALL_FLAG``): dataspace,
+#: datatype, fill value, filter pipeline, attribute.
+SHARED_MESSAGES = 0x02 | 0x08 | 0x10 | 0x20 | 0x40
+
+
+def tightest_bytes(src: Path, dst: Path) -> int:
+    """Bytes of ``src`` copied object by object by HDF5 (every object header sized to its
+    messages, v1.10 headers), into a file sharing its repeated header messages or not,
+    whichever is smaller (the table of shared messages costs more than it saves in a small
+    file)."""
+    return min(_copied_bytes(src, dst, shared) for shared in (False, True))
+
+
+def _copied_bytes(src: Path, dst: Path, shared: bool) -> int:
+    from obsdelta_cli.filters import hdf5_library, minimal_headers
+
+    fcpl = h5py.h5p.create(h5py.h5p.FILE_CREATE)
+    if shared:
+        lib = hdf5_library()
+        lib.H5Pset_shared_mesg_nindexes.argtypes = [ctypes.c_int64, ctypes.c_uint]
+        lib.H5Pset_shared_mesg_index.argtypes = [ctypes.c_int64] + [ctypes.c_uint] * 3
+        if lib.H5Pset_shared_mesg_nindexes(fcpl.id, 1) < 0:
+            raise SystemExit("HDF5 refused shared object header messages")
+        if lib.H5Pset_shared_mesg_index(fcpl.id, 0, SHARED_MESSAGES, 0) < 0:
+            raise SystemExit("HDF5 refused shared object header messages")
+    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    fapl.set_libver_bounds(h5py.h5f.LIBVER_V110, h5py.h5f.LIBVER_V110)
+    remove(dst)
+    fid = h5py.h5f.create(str(dst).encode(), h5py.h5f.ACC_TRUNC, fapl=fapl, fcpl=fcpl)
+    with h5py.File(src, "r") as s, h5py.File(fid) as d:
+        minimal_headers(d)
+        for key, value in s.attrs.items():
+            d.attrs[key] = value
+        for name in s:
+            s.copy(name, d, name=name)
+    return dst.stat().st_size
+
+
+def best_zstd(values: np.ndarray) -> int:
+    """Bytes of ``values`` at the smallest of zstd-3 and zstd-19, byte-shuffled or not."""
+    import zstandard
+
+    raw = np.ascontiguousarray(values)
+    flat = raw.view(np.uint8).reshape(-1, raw.dtype.itemsize) if raw.size else raw.view(np.uint8)
+    forms = [raw.tobytes()]
+    if raw.dtype.itemsize > 1 and raw.size:
+        forms.append(np.ascontiguousarray(flat.T).tobytes())
+    return min(
+        len(zstandard.ZstdCompressor(level=level).compress(form))
+        for form in forms
+        for level in (3, 19)
+    )
+
+
+def best_family_bytes(path: Path, under: str) -> int:
+    """The values of the datasets under ``under`` at the smaller of their stored bytes and
+    :func:`best_zstd`."""
+    total = 0
+    with h5py.File(path, "r") as f:
+
+        def visit(_name: str, obj: h5py.HLObject) -> None:
+            nonlocal total
+            if isinstance(obj, h5py.Dataset):
+                total += min(obj.id.get_storage_size(), best_zstd(obj[()]))
+
+        f[under].visititems(visit)
+    return total
+
+
 def stored_bytes(path: Path, under: str) -> int:
     """Bytes the datasets under ``under`` store (their chunks, as written)."""
     total = 0
@@ -115,7 +202,9 @@ def measure(src: Path, scratch: Path, compressible: bool) -> dict[str, int]:
     if compressible:  # what --pack stores at the paths: the compressed file's objects
         obsdelta("compress", str(src), "-o", str(small), "-f")
     headers = floor_bytes(small if compressible else src, skeleton)
+    tight = tightest_bytes(skeleton, scratch / "tight.h5")
     families = stored_bytes(flat, "obsdelta/pack/flat")
+    best = best_family_bytes(flat, "obsdelta/pack/flat")
     sizes = {
         "input": src.stat().st_size,
         "zstd -3": len(zstd.stdout),
@@ -124,10 +213,84 @@ def measure(src: Path, scratch: Path, compressible: bool) -> dict[str, int]:
         "headers": headers,
         "families": families,
         "floor": headers + families,
+        "tightest headers": tight,
+        "best families": best,
+        "tightest floor": tight + best,
     }
-    for path in (packed, flat, small, skeleton):
+    for path in (packed, flat, small, skeleton, scratch / "tight.h5"):
         remove(path)
     return sizes
+
+
+def archive_rest(path: Path) -> bytes:
+    """The bytes of a ``torch.save`` archive that are not its tensors' (zip records, the
+    pickle, version records): what inflating it byte for byte needs beyond its tensors."""
+    raw = path.read_bytes()
+    kept, at = [], 0
+    with zipfile.ZipFile(path) as z:
+        for info in sorted(z.infolist(), key=lambda i: i.header_offset):
+            if "/data/" not in info.filename:
+                continue
+            head = info.header_offset
+            name_len, extra_len = np.frombuffer(raw[head + 26 : head + 30], dtype="<u2")
+            start = head + 30 + int(name_len) + int(extra_len)
+            kept.append(raw[at:start])
+            at = start + info.file_size
+    kept.append(raw[at:])
+    return b"".join(kept)
+
+
+def sample_floor(src: Path, scratch: Path) -> dict[str, int]:
+    """A sample's bytes, ``zstd -3`` of it, ``--pack`` of it and its tightest floor."""
+    import zstandard
+
+    packed, skeleton = scratch / "packed.h5", scratch / "skeleton.h5"
+    obsdelta("compress", str(src), "-o", str(packed), "--pack", "-f")
+    floor_bytes(packed, skeleton)
+    values = 0
+    with h5py.File(packed, "r") as f:
+
+        def visit(name: str, obj: h5py.HLObject) -> None:
+            nonlocal values
+            # A virtual dataset's values are another's (stored once, counted there).
+            stored = isinstance(obj, h5py.Dataset) and not obj.is_virtual
+            if stored and not name.startswith("obsdelta/"):
+                values += best_zstd(obj[()])
+
+        f.visititems(visit)
+    rest = archive_rest(src) if src.suffix == ".pt" else b""
+    sizes = {
+        "input": size_of(src),
+        "zstd -3": zstd3_of(src),
+        "--pack": packed.stat().st_size,
+        "tightest headers": tightest_bytes(skeleton, scratch / "tight.h5"),
+        "values": values,
+        "archive rest": len(zstandard.ZstdCompressor(level=19).compress(rest)) if rest else 0,
+    }
+    sizes["tightest floor"] = sizes["tightest headers"] + sizes["values"] + sizes["archive rest"]
+    for path in (packed, skeleton, scratch / "tight.h5"):
+        remove(path)
+    return sizes
+
+
+def table(rows: list[tuple[str, dict[str, int]]], cols: list[str]) -> None:
+    print("\n| file | " + " | ".join(cols) + " | tightest floor / zstd -3 |")
+    print("|---|" + "---:|" * (len(cols) + 1))
+    for name, sizes in rows:
+        ratio = sizes["tightest floor"] / sizes["zstd -3"]
+        print(f"| {name} | " + " | ".join(f"{sizes[c]:,}" for c in cols) + f" | {ratio:.2f}x |")
+
+
+def samples(scratch: Path) -> None:
+    rows = []
+    for src in sorted((ROOT / "sample_data").iterdir()):
+        if src.suffix in (".md", ".py"):
+            continue
+        sizes = sample_floor(src, scratch)
+        print(src.name, sizes, flush=True)
+        rows.append((src.name, sizes))
+    cols = ["input", "zstd -3", "--pack", "tightest headers", "values", "archive rest"]
+    table(rows, [*cols, "tightest floor"])
 
 
 def main() -> None:
@@ -136,10 +299,17 @@ def main() -> None:
     parser.add_argument("--demos", type=int, default=1000)
     parser.add_argument("--camera-demos", type=int, default=200)
     parser.add_argument("--episodes", type=int, default=2000)
+    parser.add_argument("--samples", action="store_true", help="the files of sample_data/ instead")
     args = parser.parse_args()
     root, scratch = args.out.resolve() / "inputs", args.out.resolve() / "floor"
     remove(scratch)
     scratch.mkdir(parents=True)
+    if args.samples:
+        try:
+            samples(scratch)
+        finally:
+            remove(scratch)
+        return
     minari = build_minari(root, args.episodes)
     inputs = {
         f"robomimic low-dim, {args.demos:,} demos": (
@@ -161,11 +331,7 @@ def main() -> None:
     finally:
         remove(scratch)
     cols = ["input", "zstd -3", "--pack", "--pack --flat", "headers", "families", "floor"]
-    print("\n| file | " + " | ".join(cols) + " | floor / zstd -3 |")
-    print("|---|" + "---:|" * (len(cols) + 1))
-    for name, sizes in rows:
-        ratio = sizes["floor"] / sizes["zstd -3"]
-        print(f"| {name} | " + " | ".join(f"{sizes[c]:,}" for c in cols) + f" | {ratio:.2f}x |")
+    table(rows, [*cols, "tightest headers", "best families", "tightest floor"])
 
 
 if __name__ == "__main__":
