@@ -28,9 +28,9 @@ stored. For a robomimic low-dim file (``tests/realistic.py``'s ``write_robomimic
 With ``--samples``, the same for every file of ``sample_data/`` (a packed file of each holds
 its datasets at their paths, as ``PersistentTensorDict.from_h5`` reads them): the tightest
 headers of the datasets ``--pack`` stores outside obsdelta's group, plus each one's values at
-the smaller of zstd-3 and zstd-19 (byte-shuffled or not), plus what inflating the file back
-byte for byte needs beyond them: for a ``.pt``, the bytes of the original archive that are not
-its tensors' (zip records and pickle), at zstd-19.
+the smallest of its stored bytes, zstd-3 and zstd-19 (byte-shuffled or not), plus what
+inflating the file back byte for byte needs beyond them: for a ``.pt``, the bytes of the
+original archive that are not its tensors' (zip records and pickle), at zstd-19.
 """
 
 from __future__ import annotations
@@ -157,30 +157,19 @@ def best_zstd(values: np.ndarray) -> int:
     )
 
 
-def best_family_bytes(path: Path, under: str) -> int:
-    """The values of the datasets under ``under`` at the smaller of their stored bytes and
-    :func:`best_zstd`."""
+def stored_bytes(path: Path, under: str, best: bool = False) -> int:
+    """Bytes the datasets under ``under`` store (their chunks, as written), or with ``best``,
+    each the smaller of that and :func:`best_zstd` of its values. Virtual datasets (whose
+    values are another's, counted there) and obsdelta's group are left out."""
     total = 0
     with h5py.File(path, "r") as f:
 
-        def visit(_name: str, obj: h5py.HLObject) -> None:
+        def visit(name: str, obj: h5py.HLObject) -> None:
             nonlocal total
-            if isinstance(obj, h5py.Dataset):
-                total += min(obj.id.get_storage_size(), best_zstd(obj[()]))
-
-        f[under].visititems(visit)
-    return total
-
-
-def stored_bytes(path: Path, under: str) -> int:
-    """Bytes the datasets under ``under`` store (their chunks, as written)."""
-    total = 0
-    with h5py.File(path, "r") as f:
-
-        def visit(_name: str, obj: h5py.HLObject) -> None:
-            nonlocal total
-            if isinstance(obj, h5py.Dataset):
-                total += obj.id.get_storage_size()
+            if not isinstance(obj, h5py.Dataset) or obj.is_virtual or name.startswith("obsdelta/"):
+                return
+            stored = obj.id.get_storage_size()
+            total += min(stored, best_zstd(obj[()])) if best else stored
 
         f[under].visititems(visit)
     return total
@@ -204,7 +193,7 @@ def measure(src: Path, scratch: Path, compressible: bool) -> dict[str, int]:
     headers = floor_bytes(small if compressible else src, skeleton)
     tight = tightest_bytes(skeleton, scratch / "tight.h5")
     families = stored_bytes(flat, "obsdelta/pack/flat")
-    best = best_family_bytes(flat, "obsdelta/pack/flat")
+    best = stored_bytes(flat, "obsdelta/pack/flat", best=True)
     sizes = {
         "input": src.stat().st_size,
         "zstd -3": len(zstd.stdout),
@@ -247,17 +236,7 @@ def sample_floor(src: Path, scratch: Path) -> dict[str, int]:
     packed, skeleton = scratch / "packed.h5", scratch / "skeleton.h5"
     obsdelta("compress", str(src), "-o", str(packed), "--pack", "-f")
     floor_bytes(packed, skeleton)
-    values = 0
-    with h5py.File(packed, "r") as f:
-
-        def visit(name: str, obj: h5py.HLObject) -> None:
-            nonlocal values
-            # A virtual dataset's values are another's (stored once, counted there).
-            stored = isinstance(obj, h5py.Dataset) and not obj.is_virtual
-            if stored and not name.startswith("obsdelta/"):
-                values += best_zstd(obj[()])
-
-        f.visititems(visit)
+    values = stored_bytes(packed, "/", best=True)
     rest = archive_rest(src) if src.suffix == ".pt" else b""
     sizes = {
         "input": size_of(src),
