@@ -18,7 +18,7 @@ import h5py
 import numpy as np
 
 from ..errors import InputError, UsageError
-from ..filters import MIN_PACK_BYTES, minimal_headers
+from ..filters import MIN_PACK_BYTES, chunk_rows, minimal_headers
 from ..manifest import Manifest
 from .base import SIDECAR, Key, Source, key_str
 from .hdf5 import closed_on_failure, copy_attrs, finish_output, new_output
@@ -208,7 +208,7 @@ def pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser, own: str = OWN) 
 
     def rewrite(ds: h5py.Dataset, dst: h5py.Group, name: str, path: str) -> None:
         if path in arrays:
-            copy_anew(ds, dst, name)
+            _pack_array(ds, dst, name, path)
         else:
             dcpl = ds.id.get_create_plist()
             entry = _repack(ds, dst, name, path, groups, chooser, shared.get(path), own)
@@ -236,12 +236,40 @@ def _write_twin(ds: h5py.Dataset, path: str, groups: Groups, own: str) -> None:
 
 def _array_rewritten(ds: h5py.Dataset, path: str, own: str) -> bool:
     """Whether a dataset of an HDF5 inner is one of obsdelta's exception arrays (index or rows)
-    whose chunk index is heavy (:func:`_heavy_index`): the packed file writes it anew, with
-    its creation properties (chunks, maximum shape, filters), where HDF5's copy would keep a
-    version-1 B-tree of 2 KB however few its rows. Its values are checked by their recorded
-    hashes, whatever its layout."""
-    ours = path.startswith(f"{own}/arrays/")
-    return ours and _heavy_index(ds, ds.id.get_create_plist().get_layout())
+    that the packed file writes anew (:func:`_pack_array`): those of at least
+    :data:`~obsdelta_cli.filters.MIN_PACK_BYTES`, and those whose chunk index is heavy
+    (:func:`_heavy_index`), where HDF5's copy would keep a version-1 B-tree of 2 KB however
+    few its rows. Their values are checked by their recorded hashes, whatever their layout:
+    unpacking copies them as the packed file has them."""
+    if not path.startswith(f"{own}/arrays/"):
+        return False
+    return _pack_filters(ds) or _heavy_index(ds, ds.id.get_create_plist().get_layout())
+
+
+def _pack_filters(ds: h5py.Dataset) -> bool:
+    """Whether an exception array is stored filtered, as every dataset of data is: its rows
+    (the first and last observations of episodes, often camera frames) can take a tenth of a
+    packed file. Not one of a few rows, whose chunk index would cost more than it saves."""
+    return bool(ds.shape) and ds.id.get_storage_size() >= MIN_PACK_BYTES
+
+
+def _pack_array(ds: h5py.Dataset, dst: h5py.Group, name: str, path: str) -> None:
+    """An exception array written anew: filtered, in chunks along its rows, where its filter
+    (measured on its own rows, which no other array's resemble) stores them smaller; else (a
+    few rows of noise, or too small) with its creation properties; with its attributes."""
+
+    def read(start: int, stop: int) -> np.ndarray:
+        return np.asarray(ds[start:stop])
+
+    chooser = Chooser()
+    if _pack_filters(ds):
+        chooser.pick(path, read, ds.shape, chunk_rows(ds.shape, ds.dtype.itemsize))
+    if not any(ratio < 1 for _, ratio in chooser.choices.values()):
+        copy_anew(ds, dst, name)
+        return
+    writer = DatasetWriter(dst, name, path, read, ds.shape, ds.dtype, chooser)
+    writer.fill()
+    copy_attrs(ds, writer.ds)
 
 
 def _repacked(ds: h5py.Dataset, path: str, own: str, flat: bool = False) -> bool:
