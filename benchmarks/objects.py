@@ -8,9 +8,11 @@ a file's time goes to per-object work rather than to its bytes. For each number 
 file's size and objects, then wall time and peak RSS of ``compress`` (verification included),
 ``verify`` and ``inflate`` of its output, ``report`` of the input and ``compress --pack``,
 each run once with the programs and the input warm, and, for reference, HDF5's own copy of
-every object (h5py's ``copy`` of each top-level group, in C, nothing checked or hashed) and
-``h5repack`` (Debian's ``hdf5-tools``; left out where it is not on ``PATH``). Per object: a
-command's time over the input's object count.
+every object (h5py's ``copy`` of each top-level group, in C, nothing checked or hashed),
+h5py reading every object (``visititems``, each object's attributes and each dataset's
+values read and hashed: the least a check of every object does, in Python) and ``h5repack``
+(Debian's ``hdf5-tools``; left out where it is not on ``PATH``). Per object: a command's
+time over the input's object count; and each command's time over the copy's and the read's.
 """
 
 from __future__ import annotations
@@ -34,6 +36,20 @@ COPY = (
     "with h5py.File(sys.argv[1], 'r') as s, h5py.File(sys.argv[2], 'w') as d:\n"
     "    for name in s:\n"
     "        s.copy(s[name], d, name=name)\n"
+)
+#: h5py reading every object, for reference: ``python -c READ SRC``. Each object's attributes
+#: and each dataset's values read and hashed, as any check of every object must at least do,
+#: written as h5py's documentation walks a file; nothing written.
+READ = (
+    "import sys, h5py, numpy, xxhash\n"
+    "def visit(name, obj):\n"
+    "    h = xxhash.xxh3_64()\n"
+    "    for value in obj.attrs.values():\n"
+    "        h.update(numpy.asarray(value).tobytes())\n"
+    "    if isinstance(obj, h5py.Dataset):\n"
+    "        h.update(numpy.ascontiguousarray(obj[()]).tobytes())\n"
+    "with h5py.File(sys.argv[1], 'r') as f:\n"
+    "    f.visititems(visit)\n"
 )
 
 
@@ -95,6 +111,7 @@ def main() -> None:
                 ],
                 "report": [*obsdelta, "report", str(src)],
                 "HDF5's copy": [PYTHON, "-c", COPY, str(src), str(scratch / "copy.hdf5")],
+                "h5py's read": [PYTHON, "-c", READ, str(src)],
             }
             if repack is not None:
                 commands["h5repack"] = [repack, str(src), str(scratch / "repacked.hdf5")]
@@ -112,7 +129,7 @@ def main() -> None:
         remove(scratch)
     print()
     names = ["compress", "verify", "inflate", "report", "compress --pack", "HDF5's copy"]
-    names += ["h5repack"] if repack is not None else []
+    names += ["h5py's read"] + (["h5repack"] if repack is not None else [])
     print("| demos | file | objects | " + " | ".join(f"`{n}`" for n in names) + " |")
     print("|---|---|---|" + "---|" * len(names))
     for demos, src, count, runs in rows:
@@ -122,6 +139,13 @@ def main() -> None:
         ]
         size = dataset_bytes(src) / MB
         print(f"| {demos:,} | {size:.1f} MB | {count:,} | " + " | ".join(cells) + " |")
+    print()
+    for demos, _src, _count, runs in rows:
+        for base in ("HDF5's copy", "h5py's read"):
+            ratios = ", ".join(
+                f"{n} {runs[n].seconds / runs[base].seconds:.1f}x" for n in names[:5]
+            )
+            print(f"{demos:,} demos, over {base}: {ratios}")
 
 
 if __name__ == "__main__":

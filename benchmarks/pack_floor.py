@@ -24,19 +24,30 @@ stored. For a robomimic low-dim file (``tests/realistic.py``'s ``write_robomimic
   filter and attribute messages (HDF5's shared object header messages), plus the families at
   the smaller of their stored bytes and zstd-19 of their byte-shuffled values: what no file the
   libraries read can go below, whatever its writer and filters.
+- the floor *dataset by dataset*: a file laid out as ``--pack`` lays it out (each dataset's
+  values in its own chunks, a dataset whose columns repeat another's virtual, its other
+  columns kept apart), its headers the tightest, each dataset's values (and kept columns) at
+  the smaller of their stored bytes and zstd-3 or zstd-19 of them alone, byte-shuffled or
+  not, and nothing for the virtual datasets' mappings, obsdelta's manifest or its exception
+  rows: what no file that keeps its values episode by episode goes below with zstd, the
+  filter packed files use (each HDF5 chunk is compressed alone).
 
 With ``--samples``, the same for every file of ``sample_data/`` (a packed file of each holds
 its datasets at their paths, as ``PersistentTensorDict.from_h5`` reads them): the tightest
 headers of the datasets ``--pack`` stores outside obsdelta's group, plus each one's values at
 the smallest of its stored bytes, zstd-3 and zstd-19 (byte-shuffled or not), plus what
 inflating the file back byte for byte needs beyond them: for a ``.pt``, the bytes of the
-original archive that are not its tensors' (zip records and pickle), at zstd-19.
+original archive that are not its tensors' (zip records and pickle), at zstd-19; and that
+floor with the least manifest such a file would carry: the packed file's manifest without its
+``pack`` entry (what a file that inflates straight from its datasets still records: format,
+codecs, measured errors, hashes, a ``.pt``'s holes and records), compact JSON at zstd-19.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import subprocess
 import sys
 import zipfile
@@ -175,6 +186,10 @@ def stored_bytes(path: Path, under: str, best: bool = False) -> int:
     return total
 
 
+#: Where a packed file keeps the columns of its virtual datasets that repeat no other's.
+COLUMNS = "obsdelta/pack/columns"
+
+
 def obsdelta(*args: str) -> None:
     run = subprocess.run([PYTHON, "-m", "obsdelta_cli", *args, "-q"], capture_output=True)
     if run.returncode:
@@ -194,6 +209,12 @@ def measure(src: Path, scratch: Path, compressible: bool) -> dict[str, int]:
     tight = tightest_bytes(skeleton, scratch / "tight.h5")
     families = stored_bytes(flat, "obsdelta/pack/flat")
     best = stored_bytes(flat, "obsdelta/pack/flat", best=True)
+    alone = stored_bytes(packed, "/", best=True)
+    with h5py.File(packed, "r") as f:
+        kept = COLUMNS in f
+    alone += stored_bytes(packed, COLUMNS, best=True) if kept else 0
+    floor_bytes(packed, skeleton)
+    tight_packed = tightest_bytes(skeleton, scratch / "tight.h5")
     sizes = {
         "input": src.stat().st_size,
         "zstd -3": len(zstd.stdout),
@@ -205,6 +226,9 @@ def measure(src: Path, scratch: Path, compressible: bool) -> dict[str, int]:
         "tightest headers": tight,
         "best families": best,
         "tightest floor": tight + best,
+        "tightest headers, packed": tight_packed,
+        "dataset by dataset": alone,
+        "floor, dataset by dataset": tight_packed + alone,
     }
     for path in (packed, flat, small, skeleton, scratch / "tight.h5"):
         remove(path)
@@ -247,16 +271,35 @@ def sample_floor(src: Path, scratch: Path) -> dict[str, int]:
         "archive rest": len(zstandard.ZstdCompressor(level=19).compress(rest)) if rest else 0,
     }
     sizes["tightest floor"] = sizes["tightest headers"] + sizes["values"] + sizes["archive rest"]
+    sizes["manifest"] = least_manifest(packed)
+    sizes["floor with manifest"] = sizes["tightest floor"] + sizes["manifest"]
     for path in (packed, skeleton, scratch / "tight.h5"):
         remove(path)
     return sizes
 
 
-def table(rows: list[tuple[str, dict[str, int]]], cols: list[str]) -> None:
-    print("\n| file | " + " | ".join(cols) + " | tightest floor / zstd -3 |")
+def least_manifest(packed: Path) -> int:
+    """Bytes of a packed file's manifest without its ``pack`` entry (what a file that inflates
+    straight from its datasets, with no inner container to unpack, would still record: format,
+    codecs, measured errors, hashes, a ``.pt``'s holes and records), compact JSON at zstd-19."""
+    import zstandard
+
+    from obsdelta_cli.formats.hdf5_meta import read_meta
+
+    with h5py.File(packed, "r") as f:
+        meta = read_meta(f, packed)
+    assert meta is not None, packed
+    text = json.dumps({k: v for k, v in meta.items() if k != "pack"}, separators=(",", ":"))
+    return len(zstandard.ZstdCompressor(level=19).compress(text.encode()))
+
+
+def table(
+    rows: list[tuple[str, dict[str, int]]], cols: list[str], floor: str = "tightest floor"
+) -> None:
+    print("\n| file | " + " | ".join(cols) + f" | {floor} / zstd -3 |")
     print("|---|" + "---:|" * (len(cols) + 1))
     for name, sizes in rows:
-        ratio = sizes["tightest floor"] / sizes["zstd -3"]
+        ratio = sizes[floor] / sizes["zstd -3"]
         print(f"| {name} | " + " | ".join(f"{sizes[c]:,}" for c in cols) + f" | {ratio:.2f}x |")
 
 
@@ -270,6 +313,8 @@ def samples(scratch: Path) -> None:
         rows.append((src.name, sizes))
     cols = ["input", "zstd -3", "--pack", "tightest headers", "values", "archive rest"]
     table(rows, [*cols, "tightest floor"])
+    least = ["zstd -3", "--pack", "tightest floor", "manifest"]
+    table(rows, [*least, "floor with manifest"], "floor with manifest")
 
 
 def main() -> None:
@@ -311,6 +356,8 @@ def main() -> None:
         remove(scratch)
     cols = ["input", "zstd -3", "--pack", "--pack --flat", "headers", "families", "floor"]
     table(rows, [*cols, "tightest headers", "best families", "tightest floor"])
+    alone = ["zstd -3", "--pack", "tightest headers, packed", "dataset by dataset"]
+    table(rows, [*alone, "floor, dataset by dataset"], "floor, dataset by dataset")
 
 
 if __name__ == "__main__":
