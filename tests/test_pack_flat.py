@@ -41,10 +41,14 @@ def source(request: pytest.FixtureRequest, tmp_path: Path, hopper: TensorDictBas
 
 
 @pytest.fixture(autouse=True)
-def private_tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def private_tmp(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Path]:
     """Temporary files (a flat file's skeleton is read from one) go to a folder of the test's
     own, checked empty at the end. A short path: DataLoader workers put sockets there, whose
-    paths may not exceed 107 bytes."""
+    paths may not exceed 107 bytes. pytest's own temporary folder is made first: made while
+    this one stands in for the system's, it went with it at the end of the first test."""
+    tmp_path_factory.getbasetemp()
     where = Path(tempfile.mkdtemp(prefix="odf-"))
     monkeypatch.setattr(tempfile, "tempdir", str(where))
     try:
@@ -138,8 +142,8 @@ def test_pack_of_many_episodes_suggests_flat(
     kind: str, hopper: TensorDictBase, tmp_path: Path
 ) -> None:
     """``compress --pack`` and ``report --pack`` of a file of many episodes say that
-    ``--flat`` exists, with the number of episodes; of a file of one episode group (D4RL), or
-    with ``--flat``, they do not."""
+    ``--flat`` exists, with the number of episodes, and that the dataset's own library cannot
+    read its output; of a file of one episode group (D4RL), or with ``--flat``, they do not."""
     td = hopper.clone()
     td["next", "done"][:] = False
     td["next", "done"][49::50] = True  # 60 episodes of 50 steps
@@ -153,6 +157,7 @@ def test_pack_of_many_episodes_suggests_flat(
             assert "--flat" not in note
         else:
             assert "--flat would store the datasets of its 60 episodes together" in note
+            assert "robomimic's and Minari's own readers do not" in note
     assert "--flat would" not in compress(src, tmp_path / "f.h5", pack=True, flat=True).note
     assert "--flat would" not in report(src, pack=True, flat=True).note
 

@@ -114,8 +114,9 @@ def _check_packable(input: Path, flat: bool = False) -> Format:
 
 def flat_hint(input: Path, fmt: Format) -> str:
     """What ``--pack`` without ``--flat`` adds to what it says of ``input`` (in format
-    ``fmt``): that ``--flat`` exists, for an HDF5 file of :data:`FLAT_HINT_EPISODES`
-    episodes or more (counted from its paths; nothing is measured)."""
+    ``fmt``): that ``--flat`` exists, and what it costs (the dataset's own library cannot read
+    its output), for an HDF5 file of :data:`FLAT_HINT_EPISODES` episodes or more (counted
+    from its paths; nothing is measured)."""
     if not fmt.flattens:
         return ""
     with h5_file(input) as f:
@@ -124,7 +125,8 @@ def flat_hint(input: Path, fmt: Format) -> str:
         return ""
     return (
         f"; --flat would store the datasets of its {episodes:,} episodes together, which packs "
-        "files of many episodes smaller (report --pack --flat predicts it)"
+        "files of many episodes smaller (report --pack --flat predicts it), in a file only "
+        "obsdelta reads: robomimic's and Minari's own readers do not"
     )
 
 
