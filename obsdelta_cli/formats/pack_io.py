@@ -248,19 +248,25 @@ def _array_rewritten(ds: h5py.Dataset, path: str, own: str) -> bool:
 
 def _pack_filters(ds: h5py.Dataset) -> bool:
     """Whether an exception array is stored filtered, as every dataset of data is: its rows
-    (the first and last observations of episodes, often camera frames) can take a tenth of a
-    packed file. Not one of a few rows, whose chunk index would cost more than it saves."""
+    (each episode's last next observation, often a camera frame) can take a tenth of a packed
+    file. Not one of a few rows, whose chunk index would cost more than it saves."""
     return bool(ds.shape) and ds.id.get_storage_size() >= MIN_PACK_BYTES
+
+
+def _rows_of(ds: h5py.Dataset) -> Callable[[int, int], np.ndarray]:
+    """Rows ``start:stop`` of ``ds``, read as new arrays (what a DatasetWriter reads)."""
+
+    def read(start: int, stop: int) -> np.ndarray:
+        return np.asarray(ds[start:stop])
+
+    return read
 
 
 def _pack_array(ds: h5py.Dataset, dst: h5py.Group, name: str, path: str) -> None:
     """An exception array written anew: filtered, in chunks along its rows, where its filter
     (measured on its own rows, which no other array's resemble) stores them smaller; else (a
     few rows of noise, or too small) with its creation properties; with its attributes."""
-
-    def read(start: int, stop: int) -> np.ndarray:
-        return np.asarray(ds[start:stop])
-
+    read = _rows_of(ds)
     chooser = Chooser()
     if _pack_filters(ds):
         chooser.pick(path, read, ds.shape, chunk_rows(ds.shape, ds.dtype.itemsize))
@@ -292,11 +298,7 @@ def _repack(
     own: str,
 ) -> dict[str, Any]:
     if shared is None:
-
-        def read(start: int, stop: int) -> np.ndarray:
-            return np.asarray(ds[start:stop])
-
-        writer = DatasetWriter(dst, name, path, read, ds.shape, ds.dtype, chooser)
+        writer = DatasetWriter(dst, name, path, _rows_of(ds), ds.shape, ds.dtype, chooser)
         entry, made = writer.fill(), writer.ds
     else:
         entry = _write_kept(ds, path, groups, chooser, shared, own)
