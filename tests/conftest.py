@@ -6,6 +6,7 @@ import hashlib
 import os
 import signal
 import subprocess
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +39,11 @@ def load_sample(name: str) -> TensorDictBase:
 H5PY_ONLY_KINDS = frozenset({"d4rl-hdf5", "robomimic-hdf5", "minari-hdf5"})
 
 
-def marked_h5py_only(kinds: list[str]) -> list[Any]:
-    """``kinds`` as parameters, those of :data:`H5PY_ONLY_KINDS` marked ``h5py_only``."""
+def marked_h5py_only(kinds: Iterable[str], only: Collection[str] = H5PY_ONLY_KINDS) -> list[Any]:
+    """``kinds`` as parameters, those in ``only`` (names of inputs h5py writes and obsdelta
+    reads through h5py alone: :data:`H5PY_ONLY_KINDS`, or a test's own) marked ``h5py_only``."""
     mark = pytest.mark.h5py_only
-    return [pytest.param(k, marks=mark) if k in H5PY_ONLY_KINDS else k for k in kinds]
+    return [pytest.param(k, marks=mark) if k in only else k for k in kinds]
 
 
 @pytest.fixture(scope="session")

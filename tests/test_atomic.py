@@ -531,6 +531,7 @@ H5_WRITES = {
 }
 
 
+@pytest.mark.h5py_only
 @pytest.mark.parametrize("case", list(H5_WRITES))
 def test_hdf5_write_fails_at_any_point(tmp_path: Path, case: str) -> None:
     """The file-size limit hits while creating the file, copying objects, writing rows,

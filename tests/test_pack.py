@@ -32,7 +32,7 @@ from obsdelta_cli.manifest import FORMAT_VERSION
 from obsdelta_cli.render import _size
 
 from .conformance import check_slices
-from .conftest import SAMPLE, Cli, tree_hash
+from .conftest import SAMPLE, Cli, marked_h5py_only, tree_hash
 from .manifests import manifest_of
 from .realistic import drifting_frames, offering_frame_deltas
 from .writers import write_memmap, write_minari, write_pt, write_robomimic, write_ted_hdf5
@@ -47,7 +47,7 @@ SAMPLES = {
 }
 
 
-@pytest.fixture(params=INPUTS)
+@pytest.fixture(params=marked_h5py_only(INPUTS))
 def source(request: pytest.FixtureRequest, tmp_path: Path, hopper: TensorDictBase) -> Path:
     """A real rollout in each input format --pack takes (copied: never written to): Hopper,
     and HalfCheetah [4, 250] as saved by torch.save."""

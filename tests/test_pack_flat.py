@@ -26,7 +26,7 @@ from obsdelta_cli.formats.hdf5_meta import read_meta
 from obsdelta_cli.formats.pack_flat import FLAT, SKELETON, family_of
 from obsdelta_cli.formats.pack_leaves import NAME
 
-from .conftest import SAMPLE, Cli
+from .conftest import SAMPLE, Cli, marked_h5py_only
 from .manifests import manifest_of, rewrite_manifest
 from .realistic import write_robomimic_real
 from .test_cli_errors import expect_error
@@ -34,7 +34,7 @@ from .test_pack import SAMPLES, input_in, plain_h5py_reads, same_container, same
 from .writers import WRITERS, write_minari
 
 
-@pytest.fixture(params=flattenable())
+@pytest.fixture(params=marked_h5py_only(flattenable()))
 def source(request: pytest.FixtureRequest, tmp_path: Path, hopper: TensorDictBase) -> Path:
     """A real Hopper rollout in each HDF5 layout ``--flat`` takes (copied: never written to)."""
     return input_in(request.param, tmp_path, hopper)

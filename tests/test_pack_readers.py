@@ -22,7 +22,7 @@ from obsdelta_cli.formats import detect, key_str
 from obsdelta_cli.formats.hdf5 import is_hdf5
 
 from . import realistic as R
-from .conftest import ROOT, load_sample
+from .conftest import ROOT, load_sample, marked_h5py_only
 from .writers import WRITERS
 
 #: Rollouts every packable format is written from: MuJoCo floats, Atari frames (uint8), and
@@ -68,7 +68,7 @@ def original_datasets(src: Path) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("rollout", ROLLOUTS)
-@pytest.mark.parametrize("name", packable())
+@pytest.mark.parametrize("name", marked_h5py_only(packable()))
 def test_every_dataset_reads_as_the_original(name: str, rollout: str, tmp_path: Path) -> None:
     """Each dataset of a packed file that has a name of the original's holds its values, read
     by plain h5py in a fresh interpreter that imports only h5py and hdf5plugin."""
