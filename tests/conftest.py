@@ -39,11 +39,16 @@ def load_sample(name: str) -> TensorDictBase:
 H5PY_ONLY_KINDS = frozenset({"d4rl-hdf5", "robomimic-hdf5", "minari-hdf5"})
 
 
+def h5py_only_marks(kind: str, only: Collection[str] = H5PY_ONLY_KINDS) -> list[Any]:
+    """The marks of a test parameter for an input of ``kind``: ``h5py_only`` where ``kind`` is
+    in ``only`` (names of inputs h5py writes and obsdelta reads through h5py alone:
+    :data:`H5PY_ONLY_KINDS`, or a test's own)."""
+    return [pytest.mark.h5py_only] if kind in only else []
+
+
 def marked_h5py_only(kinds: Iterable[str], only: Collection[str] = H5PY_ONLY_KINDS) -> list[Any]:
-    """``kinds`` as parameters, those in ``only`` (names of inputs h5py writes and obsdelta
-    reads through h5py alone: :data:`H5PY_ONLY_KINDS`, or a test's own) marked ``h5py_only``."""
-    mark = pytest.mark.h5py_only
-    return [pytest.param(k, marks=mark) if k in only else k for k in kinds]
+    """``kinds`` as parameters, each with its :func:`h5py_only_marks`."""
+    return [pytest.param(k, marks=h5py_only_marks(k, only)) for k in kinds]
 
 
 @pytest.fixture(scope="session")

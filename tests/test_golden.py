@@ -15,7 +15,7 @@ from obsdelta_cli.codecs import CODECS
 from obsdelta_cli.errors import ObsdeltaError
 from obsdelta_cli.manifest import FORMAT_VERSION
 
-from .conftest import H5PY_ONLY_KINDS
+from .conftest import h5py_only_marks
 from .golden_data import FORMATS, NEW_CODECS, leaf_hashes, version_dir
 
 #: Fixtures by format version (2 up to the current one), by name.
@@ -28,7 +28,7 @@ CASES = [
         v,
         name,
         id=f"v{v}-{name}",
-        marks=[pytest.mark.h5py_only] if fixtures[name]["format"] in H5PY_ONLY_KINDS else [],
+        marks=h5py_only_marks(fixtures[name]["format"]),
     )
     for v, fixtures in EXPECTED.items()
     for name in sorted(fixtures)
