@@ -19,7 +19,7 @@ from tensordict import TensorDictBase
 from obsdelta_cli.errors import InputError
 from obsdelta_cli.filters import hdf5_library, undo_frame_delta
 from obsdelta_cli.formats import hdf5_chunks
-from obsdelta_cli.formats.hdf5_chunks import DirectChunks, unshuffle
+from obsdelta_cli.formats.hdf5_chunks import DirectChunks, row_reader, unshuffle
 from obsdelta_cli.formats.hdf5_leaves import H5Leaf, leaves_of
 
 from .test_filters import DTYPES, real_values
@@ -36,6 +36,8 @@ CHECKED: dict[str, dict[str, Any]] = {
     "gzip-fletcher32": {"compression": "gzip", "fletcher32": True},
     "shuffle-zstd-fletcher32": {"shuffle": True, "fletcher32": True, **hdf5plugin.Zstd(clevel=1)},
 }
+#: The smallest chunk decoded outside HDF5, as shipped (the tests below take every chunk).
+SHIPPED_MIN_CHUNK_BYTES = hdf5_chunks.MIN_CHUNK_BYTES
 #: Chunk shapes, as a function of the values' shape: whole rows, part rows, tiny chunks.
 CHUNKS: dict[str, Callable[[tuple[int, ...]], tuple[int, ...]]] = {
     "rows": lambda shape: (97, *shape[1:]),
@@ -66,6 +68,19 @@ def _direct(ds: h5py.Dataset, path: Path) -> DirectChunks:
     chunks = DirectChunks.of(ds, path, fd.fileno)
     assert chunks is not None
     return chunks
+
+
+def _record_decodes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """The coordinates of every chunk decoded outside HDF5 from now on, in order."""
+    decoded: list[tuple[int, ...]] = []
+    real = DirectChunks.decode
+
+    def decode(self: DirectChunks, coord: tuple[int, ...], stored: Any) -> np.ndarray:
+        decoded.append(coord)
+        return real(self, coord, stored)
+
+    monkeypatch.setattr(DirectChunks, "decode", decode)
+    return decoded
 
 
 def _ranges(n: int, per: int) -> list[tuple[int, int]]:
@@ -290,14 +305,7 @@ def test_reads_in_order_decode_each_chunk_once(
     path = tmp_path / "v.h5"
     ds = _file(path, values, chunks=(40, 11), **PIPELINES["shuffle-zstd"])
     direct = _direct(ds, path)
-    decoded: list[tuple[int, ...]] = []
-    real = DirectChunks.decode
-
-    def decode(self: DirectChunks, coord: tuple[int, ...], stored: Any) -> np.ndarray:
-        decoded.append(coord)
-        return real(self, coord, stored)
-
-    monkeypatch.setattr(DirectChunks, "decode", decode)
+    decoded = _record_decodes(monkeypatch)
     # As a stream reads a leaf: windows of whole chunks, each with the next window's first row.
     for start in range(0, len(values) - 80, 80):
         rows = direct.rows(start, start + 81)
@@ -363,3 +371,27 @@ def test_a_forked_child_decodes_with_threads_of_its_own(
         child.kill()
         pytest.fail("the forked child waited on its parent's threads")
     assert child.exitcode == 0 and queue.get(timeout=5) == values.tobytes()
+
+
+def test_d4rl_gzip_column_chunks_are_decoded_outside_hdf5(
+    tmp_path: Path, hopper: TensorDictBase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """D4RL as it ships: gzip, h5py's default chunks of one column (here 18 KB each). The
+    packing reads (``row_reader``) decode them on every core, whatever rows are asked, and
+    give what h5py gives; a dataset of a few rows is left to HDF5 without being looked at."""
+    monkeypatch.setattr(hdf5_chunks, "MIN_CHUNK_BYTES", SHIPPED_MIN_CHUNK_BYTES)
+    obs = hopper["observation"].numpy()
+    values = np.concatenate([obs * (1 + k / 7) for k in range(-(-24_000 // len(obs)))])[:24_000]
+    path = tmp_path / "d4rl.hdf5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("observations", data=values, compression="gzip", chunks=(4_500, 1))
+        f.create_dataset("rewards", data=values[:40, 0], compression="gzip", chunks=(8,))
+    decoded = _record_decodes(monkeypatch)
+    with h5py.File(path, "r") as f, open(path, "rb") as fd:
+        read = row_reader(f["observations"], path, fd.fileno)
+        for start, stop in [(0, 24_000), (0, 4_000), (4_000, 9_001), (9_000, 24_000), (7, 8)]:
+            np.testing.assert_array_equal(read(start, stop), values[start:stop])
+        assert {c[1] for c in decoded} == set(range(11))  # every column, outside HDF5
+        monkeypatch.setattr(DirectChunks, "of", None)  # not asked: calling it would fail
+        small = row_reader(f["rewards"], path, fd.fileno)
+        np.testing.assert_array_equal(small(0, 40), values[:40, 0])

@@ -8,7 +8,7 @@ pipeline is undone in reverse order, as HDF5 undoes it, on a pool of threads (zl
 release the interpreter lock).
 
 Only what can be decoded exactly as HDF5 decodes it is read this way: a chunked dataset of a
-file open read-only, whose stored type is the type h5py gives its values, in chunks of 256 KiB
+file open read-only, whose stored type is the type h5py gives its values, in chunks of 16 KiB
 or more, filtered by deflate, shuffle or hdf5plugin's Zstd, or several of them, with or without
 HDF5's Fletcher-32 checksum (an unfiltered chunk is a copy HDF5 makes as fast). The checksum is
 checked as HDF5 checks it, and a zstd frame's own content checksum where it has one (hdf5plugin
@@ -41,10 +41,11 @@ from ..filters import ZSTD_FILTER, ThreadsPerCore, fletcher32, hdf5_library
 DEFLATE = int(h5py.h5z.FILTER_DEFLATE)
 SHUFFLE = int(h5py.h5z.FILTER_SHUFFLE)
 FLETCHER32 = int(h5py.h5z.FILTER_FLETCHER32)
-#: Smaller chunks are left to HDF5: their Python overhead outweighs the parallel decode (a 250
-#: MB D4RL v2 file in gzip chunks of 72 KB compressed in 3.60 s this way, 3.37 s through HDF5;
-#: in chunks of 1 MB, 3.19-3.27 s both ways; a packed file's 1 MB zstd chunks read 2.6x faster).
-MIN_CHUNK_BYTES = 1 << 18
+#: Smaller chunks are left to HDF5: below this their Python overhead outweighs the parallel
+#: decode. D4RL ships its files in gzip chunks of 30-70 KB (h5py's default chunk shape, often
+#: one column a chunk), which HDF5 decodes one at a time and scatters into rows: those are
+#: decoded here (``benchmarks/README.md`` says what it gains).
+MIN_CHUNK_BYTES = 1 << 14
 #: Bands of chunks along time decoded ahead of reads in order.
 AHEAD = 2
 #: HDF5's chunk option that leaves partial edge chunks unfiltered.
@@ -386,3 +387,27 @@ class DirectChunks:
         target = (slice(source[0].start - start, source[0].stop - start), *source[1:])
         local = tuple(slice(s.start - c, s.stop - c) for s, c in zip(source, coord, strict=True))
         return source, target, local
+
+
+def row_reader(
+    ds: h5py.Dataset, file: Path, fd: Callable[[], int]
+) -> Callable[[int, int], np.ndarray]:
+    """``read(start, stop)``: rows ``start:stop`` of ``ds`` as a new array, its chunks decoded
+    on every core where :class:`DirectChunks` applies (reads in order decoded ahead), through
+    HDF5 elsewhere. ``fd`` gives a descriptor of ``file``, which must be open read-only.
+    The dataset is looked at when first read, and only if it could span two chunks worth
+    decoding here: a robomimic file has thousands of datasets of a few rows."""
+    direct: DirectChunks | bool | None = False  # False: not looked at yet
+
+    def read(start: int, stop: int) -> np.ndarray:
+        nonlocal direct
+        if direct is False:
+            big = math.prod(ds.shape) * ds.dtype.itemsize >= 2 * MIN_CHUNK_BYTES
+            direct = DirectChunks.of(ds, file, fd) if big else None
+        if isinstance(direct, DirectChunks):
+            rows = direct.rows(start, stop, min_chunks=1)
+            if rows is not None:
+                return rows
+        return np.asarray(ds[start:stop])
+
+    return read

@@ -18,7 +18,7 @@ dataset whose mappings are not exactly the recorded ones (:func:`expected_maps`)
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,9 +74,22 @@ def _unsigned(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).view(f"u{a.dtype.itemsize}")
 
 
-def plan_columns(datasets: Mapping[str, h5py.Dataset], own: str = OWN) -> dict[str, Shared]:
+#: ``read(start, stop)``: rows of one dataset as a new array.
+Rows = Callable[[int, int], np.ndarray]
+
+
+def _sliced(ds: Any) -> Rows:
+    return lambda start, stop: np.asarray(ds[start:stop])
+
+
+def plan_columns(
+    datasets: Mapping[str, h5py.Dataset],
+    own: str = OWN,
+    rows_of: Callable[[h5py.Dataset], Rows] = _sliced,
+) -> dict[str, Shared]:
     """The datasets among ``datasets`` (about to be repacked) that repeat columns of others,
-    with their blocks; the others are stored as they are."""
+    with their blocks; the others are stored as they are. ``rows_of(dataset)`` reads a
+    dataset's rows where every row is compared."""
     groups: dict[tuple[str, int], list[str]] = {}
     for path, ds in datasets.items():
         if ds.ndim == 2 and ds.dtype.kind in "fiu" and ds.shape[1]:
@@ -84,11 +97,13 @@ def plan_columns(datasets: Mapping[str, h5py.Dataset], own: str = OWN) -> dict[s
     plans: dict[str, Shared] = {}
     for paths in groups.values():
         if len(paths) > 1:
-            plans.update(_plan_group({p: datasets[p] for p in paths}, own))
+            plans.update(_plan_group({p: datasets[p] for p in paths}, own, rows_of))
     return plans
 
 
-def _plan_group(datasets: dict[str, h5py.Dataset], own: str) -> dict[str, Shared]:
+def _plan_group(
+    datasets: dict[str, h5py.Dataset], own: str, rows_of: Callable[[h5py.Dataset], Rows]
+) -> dict[str, Shared]:
     """Datasets of one dtype and row count: a cheap comparison of sampled rows first, then of
     every row for the columns that matched."""
     first = next(iter(datasets.values()))
@@ -114,7 +129,7 @@ def _plan_group(datasets: dict[str, h5py.Dataset], own: str) -> dict[str, Shared
             stored.setdefault(d, []).append((path, j))
     if not wanted:
         return {}
-    hashes = _confirm(datasets, wanted, rows)
+    hashes = _confirm(datasets, wanted, rows, rows_of)
     plans: dict[str, Shared] = {}
     for path, found in wanted.items():
         if len(found) * rows * itemsize >= MIN_PACK_BYTES:
@@ -129,18 +144,24 @@ def _confirm(
     datasets: dict[str, h5py.Dataset],
     wanted: dict[str, dict[int, list[tuple[str, int]]]],
     rows: int,
+    rows_of: Callable[[h5py.Dataset], Rows],
 ) -> dict[str, str]:
     """Compare the matched columns on every row, dropping those that differ anywhere (in
     place), and hash the values of the datasets still sharing columns, as rows pass."""
     row_bytes = sum(math.prod(ds.shape[1:]) * ds.dtype.itemsize for ds in datasets.values())
     step = max(1, BLOCK_BYTES // max(1, row_bytes))
     hashes = {path: xxhash.xxh3_64() for path in wanted}
+    readers: dict[str, Rows] = {}
     for start in range(0, rows, step):
         live = [p for p, found in wanted.items() if found]
         if not live:
             break
         needed = set(live) | {s for p in live for opts in wanted[p].values() for s, _ in opts}
-        block = {p: _unsigned(datasets[p][start : start + step]) for p in sorted(needed)}
+        block = {}
+        for p in sorted(needed):
+            if p not in readers:
+                readers[p] = rows_of(datasets[p])
+            block[p] = _unsigned(readers[p](start, start + step))
         for path in live:
             hashes[path].update(block[path].reshape(-1).view(np.uint8).data)
             found = wanted[path]

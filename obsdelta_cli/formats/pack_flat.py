@@ -205,15 +205,15 @@ def pack_flat(src: h5py.File, out: h5py.File, chooser: Chooser, own: str = OWN) 
         parent, _, leaf = column.rpartition("/")
         group = groups(parent)
         plan = shared.get(column)
+
+        def read(start: int, stop: int, concat: Concat = concat) -> np.ndarray:
+            return concat[start:stop]
+
         if plan is None:
-
-            def read(start: int, stop: int, concat: Concat = concat) -> np.ndarray:
-                return concat[start:stop]
-
             writer = DatasetWriter(group, leaf, column, read, concat.shape, concat.dtype, chooser)
             entry = writer.fill()
         else:
-            entry = _write_kept(concat, column, groups, chooser, plan, OWN)
+            entry = _write_kept(concat, read, column, groups, chooser, plan, OWN)
             write_virtual(group, leaf, concat, plan)
         index = len(flat)
         flat.append({**entry, "path": column, "members": names[column]})

@@ -22,12 +22,13 @@ from ..filters import MIN_PACK_BYTES, chunk_rows, minimal_headers
 from ..manifest import Manifest
 from .base import SIDECAR, Key, Source, key_str
 from .hdf5 import closed_on_failure, copy_attrs, finish_output, new_output
+from .hdf5_chunks import row_reader
 from .hdf5_copy import Relinks, copy_anew, copy_object
 from .hdf5_create import Groups, gcpl_like, write_unstored
 from .hdf5_leaves import META_ATTR, leaf_dtype
 from .hdf5_meta import manifest_path
 from .hdf5_safety import damaged_pack, scale_offset
-from .hdf5_walk import OWN, ByPath, layout_twins, objects_of
+from .hdf5_walk import OWN, ByPath, file_reads, layout_twins, objects_of
 from .leaf import FileLeaf
 from .pack_columns import Shared, kept_path, plan_columns, write_virtual
 from .pack_leaves import (
@@ -202,16 +203,17 @@ def pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser, own: str = OWN) 
         elif _repacked(obj, name, own):
             names.append(name)
     repacked = ByPath(src, names)  # by path: a Minari file has 25,000 such datasets
-    shared = plan_columns(repacked, own)
+    shared = plan_columns(repacked, own, lambda ds: _rows_of(ds, src))
     groups = Groups(out)
     props = PropsCheck(src.libver)
 
     def rewrite(ds: h5py.Dataset, dst: h5py.Group, name: str, path: str) -> None:
+        read = _rows_of(ds, src)
         if path in arrays:
-            _pack_array(ds, dst, name, path)
+            _pack_array(ds, read, dst, name, path)
         else:
             dcpl = ds.id.get_create_plist()
-            entry = _repack(ds, dst, name, path, groups, chooser, shared.get(path), own)
+            entry = _repack(ds, read, dst, name, path, groups, chooser, shared.get(path), own)
             entry["alloc_time"] = dcpl.get_alloc_time()
             datasets[path] = entry
             props.add(path, ds, dcpl)
@@ -253,20 +255,21 @@ def _pack_filters(ds: h5py.Dataset) -> bool:
     return bool(ds.shape) and ds.id.get_storage_size() >= MIN_PACK_BYTES
 
 
-def _rows_of(ds: h5py.Dataset) -> Callable[[int, int], np.ndarray]:
-    """Rows ``start:stop`` of ``ds``, read as new arrays (what a DatasetWriter reads)."""
+def _rows_of(ds: h5py.Dataset, src: h5py.File) -> Callable[[int, int], np.ndarray]:
+    """Rows ``start:stop`` of ``ds`` (a dataset of ``src``), read as new arrays (what a
+    DatasetWriter reads): its chunks decoded on every core where HDF5 would decode them one
+    at a time (:func:`~.hdf5_chunks.row_reader`; the file must be open read-only)."""
+    if src.mode != "r":
+        return lambda start, stop: np.asarray(ds[start:stop])
+    return row_reader(ds, Path(src.filename), file_reads(src).descriptor)
 
-    def read(start: int, stop: int) -> np.ndarray:
-        return np.asarray(ds[start:stop])
 
-    return read
-
-
-def _pack_array(ds: h5py.Dataset, dst: h5py.Group, name: str, path: str) -> None:
+def _pack_array(
+    ds: h5py.Dataset, read: Callable[[int, int], np.ndarray], dst: h5py.Group, name: str, path: str
+) -> None:
     """An exception array written anew: filtered, in chunks along its rows, where its filter
     (measured on its own rows, which no other array's resemble) stores them smaller; else (a
     few rows of noise, or too small) with its creation properties; with its attributes."""
-    read = _rows_of(ds)
     chooser = Chooser()
     if _pack_filters(ds):
         chooser.pick(path, read, ds.shape, chunk_rows(ds.shape, ds.dtype.itemsize))
@@ -289,6 +292,7 @@ def _repacked(ds: h5py.Dataset, path: str, own: str, flat: bool = False) -> bool
 
 def _repack(
     ds: h5py.Dataset,
+    read: Callable[[int, int], np.ndarray],
     dst: h5py.Group,
     name: str,
     path: str,
@@ -298,10 +302,10 @@ def _repack(
     own: str,
 ) -> dict[str, Any]:
     if shared is None:
-        writer = DatasetWriter(dst, name, path, _rows_of(ds), ds.shape, ds.dtype, chooser)
+        writer = DatasetWriter(dst, name, path, read, ds.shape, ds.dtype, chooser)
         entry, made = writer.fill(), writer.ds
     else:
-        entry = _write_kept(ds, path, groups, chooser, shared, own)
+        entry = _write_kept(ds, read, path, groups, chooser, shared, own)
         made = write_virtual(dst, name, ds, shared)
     copy_attrs(ds, made)  # the dataset as made: looking it up by name opens it again
     absent = _absent_chunks(ds)
@@ -311,7 +315,13 @@ def _repack(
 
 
 def _write_kept(
-    ds: h5py.Dataset, path: str, groups: Groups, chooser: Chooser, shared: Shared, own: str
+    ds: h5py.Dataset,
+    rows: Callable[[int, int], np.ndarray],
+    path: str,
+    groups: Groups,
+    chooser: Chooser,
+    shared: Shared,
+    own: str,
 ) -> dict[str, Any]:
     """A dataset whose columns repeat others': the columns it keeps, in their own dataset (the
     dataset itself is virtual, mapping those and the repeated ones)."""
@@ -320,7 +330,7 @@ def _write_kept(
         kept = shared.kept
 
         def read(start: int, stop: int) -> np.ndarray:
-            return np.asarray(ds[start:stop])[:, kept]
+            return rows(start, stop)[:, kept]
 
         where = kept_path(path, own)
         parent, _, leaf = where.rpartition("/")
