@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from .conftest import SAMPLE, Cli, marked_h5py_only, tree_hash
 from .manifests import manifest_of
 from .realistic import drifting_frames, offering_frame_deltas
 from .writers import write_memmap, write_minari, write_pt, write_robomimic, write_ted_hdf5
+from .zoo import differences
 
 INPUTS = list(packable())
 SAMPLES = {
@@ -130,6 +132,65 @@ def test_pack_round_trip_gives_the_original_container(
     same_container(reference, tmp_path / f"back{source.suffix}")
     # Nothing of the work is left beside the outputs.
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def _deflated_by_another_zlib(path: Path) -> Path:
+    """The D4RL sample with every dataset of rows in gzip chunks whose deflate streams another
+    zlib chose (memory level 9, where HDF5's zlib uses 8): D4RL's files were written years
+    ago, by the zlib of their day, and a zlib may encode the same values to other bytes."""
+    with h5py.File(SAMPLE / SAMPLES["d4rl-hdf5"]) as src, h5py.File(path, "w") as dst:
+        others = 0
+        for name in ("observations", "actions", "rewards", "terminals", "infos/qpos"):
+            values = np.ascontiguousarray(src[name][()])
+            per = 1000
+            ds = dst.create_dataset(
+                name, shape=values.shape, dtype=values.dtype, chunks=(per, *values.shape[1:]),
+                compression="gzip", compression_opts=4,
+            )  # fmt: skip
+            for start in range(0, len(values), per):
+                chunk = np.zeros((per, *values.shape[1:]), values.dtype)  # the edge padded
+                chunk[: len(values) - start] = values[start : start + per]
+                deflate = zlib.compressobj(4, zlib.DEFLATED, 15, 9)
+                raw = deflate.compress(chunk.tobytes()) + deflate.flush()
+                others += raw != zlib.compress(chunk.tobytes(), 4)
+                ds.id.write_direct_chunk((start, *[0] * (values.ndim - 1)), raw)
+            assert np.array_equal(ds[()], values)
+        assert others  # not the bytes this zlib writes: what the test is about
+        src.copy("metadata", dst)
+    return path
+
+
+@pytest.mark.h5py_only
+@pytest.mark.parametrize("flat", [False, True])
+def test_gzip_chunks_another_zlib_wrote_inflate_from_a_packed_file(
+    tmp_path: Path, flat: bool
+) -> None:
+    """A packed file holds a dataset's values, not the deflate streams of the original: inflate
+    encodes them again with this machine's zlib. The original comes back object for object
+    (values, chunks, filters), checked by its values and creation properties, where the
+    bytes another zlib chose cannot be reproduced."""
+    src = _deflated_by_another_zlib(tmp_path / "d4rl.hdf5")
+    compress(src, tmp_path / "packed.h5", pack=True, flat=flat)
+    verify(tmp_path / "packed.h5")
+    inflate(tmp_path / "packed.h5", tmp_path / "back.hdf5")
+    assert differences(str(src), str(tmp_path / "back.hdf5")) == []
+    assert h5_objects(src) == h5_objects(tmp_path / "back.hdf5")
+
+
+@pytest.mark.h5py_only
+def test_a_changed_value_of_a_dataset_filtered_again_is_damage(tmp_path: Path) -> None:
+    """Where its values stand for its raw chunks, a value changed in the packed file (its chunk
+    written again through HDF5, so every chunk checksum holds) stops ``inflate``."""
+    import hdf5plugin  # noqa: F401 - the packed file's filter, to write a chunk of it
+
+    src = _deflated_by_another_zlib(tmp_path / "d4rl.hdf5")
+    packed = tmp_path / "packed.h5"
+    compress(src, packed, pack=True)
+    with h5py.File(packed, "r+") as f:
+        f["actions"][5, 1] += 1
+    with pytest.raises(ObsdeltaError, match="actions"):
+        inflate(packed, tmp_path / "back.hdf5")
+    assert not (tmp_path / "back.hdf5").exists()
 
 
 def test_packed_manifest_records_the_source_container(source: Path, tmp_path: Path) -> None:

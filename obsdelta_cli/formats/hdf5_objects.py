@@ -418,6 +418,12 @@ def _raw_hash(
     return h.hexdigest()
 
 
+def chunked_hash(ds: h5py.Dataset) -> str:
+    """The entry in :func:`hash_objects` of a chunked dataset (read through its raw chunks:
+    no descriptor of its file is needed)."""
+    return _raw_hash(ds, -1)
+
+
 def header_hash(ds: h5py.Dataset, *, headers_anew: bool = False) -> Any:
     """An xxh3-64 state fed with what a dataset is, before its values: dtype, shape, creation
     properties, the stored type in full. ``headers_anew``: its type and dataspace as HDF5

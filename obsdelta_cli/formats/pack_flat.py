@@ -49,7 +49,7 @@ from .hdf5_safety import check_contained, damaged_pack
 from .hdf5_walk import OWN, h5_file, object_at, objects_of
 from .leaf import LazyLeaf
 from .pack_columns import plan_columns, write_virtual
-from .pack_io import _absent_chunks, _repacked, _write_kept, copy_structure
+from .pack_io import _absent_chunks, _repacked, _write_kept, copy_structure, filtered_header
 from .pack_leaves import PACK, byte_blocks, repacked_leaf
 from .pack_writer import Chooser, DatasetWriter, write_bytes
 
@@ -218,11 +218,13 @@ def pack_flat(src: h5py.File, out: h5py.File, chooser: Chooser, own: str = OWN) 
         index = len(flat)
         flat.append({**entry, "path": column, "members": names[column]})
         for path, ds in zip(names[column], concat.members, strict=True):
+            dcpl = ds.id.get_create_plist()
             member: dict[str, Any] = {
                 "flat": index,
                 # report --pack (sampling) predicts a size: it checks no values.
                 "values": "" if chooser.sample else _values_hash(ds),
-                "alloc_time": ds.id.get_create_plist().get_alloc_time(),
+                "alloc_time": dcpl.get_alloc_time(),
+                **filtered_header(ds, dcpl),
             }
             absent = _absent_chunks(ds)
             if absent is not None:

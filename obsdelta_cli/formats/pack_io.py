@@ -27,6 +27,7 @@ from .hdf5_copy import Relinks, copy_anew, copy_object
 from .hdf5_create import Groups, gcpl_like, write_unstored
 from .hdf5_leaves import META_ATTR, leaf_dtype
 from .hdf5_meta import manifest_path
+from .hdf5_objects import header_hash
 from .hdf5_safety import damaged_pack, scale_offset
 from .hdf5_walk import OWN, ByPath, file_reads, layout_twins, objects_of
 from .leaf import FileLeaf
@@ -215,6 +216,7 @@ def pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser, own: str = OWN) 
             dcpl = ds.id.get_create_plist()
             entry = _repack(ds, read, dst, name, path, groups, chooser, shared.get(path), own)
             entry["alloc_time"] = dcpl.get_alloc_time()
+            entry.update(filtered_header(ds, dcpl))
             datasets[path] = entry
             props.add(path, ds, dcpl)
 
@@ -226,6 +228,16 @@ def pack_hdf5(src: h5py.File, out: h5py.File, chooser: Chooser, own: str = OWN) 
         else:
             _write_twin(repacked[path], path, groups, own)
     return {"kind": "hdf5", "libver": list(src.libver), "datasets": datasets}
+
+
+def filtered_header(ds: h5py.Dataset, dcpl: Any) -> dict[str, str]:
+    """``{"header": ...}`` for a repacked dataset stored filtered (else nothing): the hash of
+    its creation properties, dataspace and stored type (:func:`~.hdf5_objects.header_hash`).
+    Unpacking filters its values again, with this machine's filters, which may encode them to
+    other bytes than the original's (D4RL's gzip chunks were written years ago, by another
+    zlib): its header and values, checked against the pack's record, then stand for the raw
+    chunks the inner container recorded (:mod:`.pack_unpack`)."""
+    return {"header": header_hash(ds).hexdigest()} if dcpl.get_nfilters() else {}
 
 
 def _write_twin(ds: h5py.Dataset, path: str, groups: Groups, own: str) -> None:

@@ -1,16 +1,24 @@
 """Unpacking a packed file back to its inner container: a folder file for file, an HDF5 file
 object for object with each dataset's original creation properties, so that its own checks
-(raw chunks and attributes, as recorded at compress time) pass again."""
+(raw chunks and attributes, as recorded at compress time) pass again.
+
+A dataset stored filtered is filtered again here, by this machine's HDF5, whose zlib may
+encode the same values to other bytes than the one that wrote the original: where the pack
+recorded its header (:func:`~.pack_io.filtered_header`), its values and header are checked
+against the pack's record, and the inner container's record of its raw chunks is replaced by
+what was written."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
+import xxhash
 
 from ..manifest import Manifest
 from .base import Source, write_sidecar
@@ -19,7 +27,7 @@ from .hdf5_copy import Relinks, copy_object, copy_values
 from .hdf5_create import ALLOC_TIMES, create_dataset, dcpl_like
 from .hdf5_leaves import META_ATTR
 from .hdf5_meta import manifest_path, own_of_source, write_meta
-from .hdf5_objects import hash_objects_apart
+from .hdf5_objects import chunked_hash, hash_objects_apart, header_hash
 from .hdf5_safety import damaged_pack, output_libver, reading_pack
 from .hdf5_walk import held_at, layout_twins
 from .pack_io import group_like, h5_output
@@ -109,10 +117,14 @@ def unpack_hdf5(packed: Source, info: dict[str, Any], inner: Manifest, out: Path
         reading_pack(packed.path),
     ):
         copy_attrs(src, f, exclude=META_ATTR)
-        _unpack_group(packed, src, f, info["datasets"])
+        encoded: dict[str, str] = {}
+        _unpack_group(packed, src, f, info["datasets"], encoded)
         own = own_of_source(packed)
         if own in f and not len(f[own]):
             del f[own]
+        if encoded:
+            objects = {n: encoded.get(n, h) for n, h in inner.objects.items()}
+            inner = replace(inner, objects=objects)
         write_meta(f, inner.to_json())
 
 
@@ -121,8 +133,11 @@ def _unpack_group(
     group: h5py.Group,
     dst: h5py.Group,
     datasets: dict[str, Any],
+    encoded: dict[str, str],
     relinks: Relinks | None = None,
 ) -> None:
+    """Unpack ``group`` into ``dst``; ``encoded`` gets the hash of each dataset filtered again
+    whose values and header were checked (see the module)."""
     relinks = Relinks() if relinks is None else relinks
     own = own_of_source(packed)
     prefix = group.name.strip("/")
@@ -133,9 +148,11 @@ def _unpack_group(
         if path in (f"{own}/pack", manifest_path(own)) or relinks.relinked(obj, dst, name):
             continue
         if isinstance(obj, h5py.Group):
-            _unpack_group(packed, obj, group_like(obj, dst, name), datasets, relinks)
+            _unpack_group(packed, obj, group_like(obj, dst, name), datasets, encoded, relinks)
         elif path in datasets:
-            _restore(packed, obj, dst, name, path, datasets[path])
+            found = _restore(packed, obj, dst, name, path, datasets[path])
+            if found is not None:
+                encoded[path] = found
         elif path.startswith(f"{own}/") and not isinstance(obj, h5py.Dataset):
             # obsdelta's own objects are groups and datasets: anything else is a damaged
             # header, which HDF5's object copy met with a crash.
@@ -151,10 +168,11 @@ def _unpack_group(
 
 def _restore(
     packed: Source, ds: h5py.Dataset, dst: h5py.Group, name: str, path: str, entry: Any
-) -> None:
+) -> str | None:
     """Recreate a repacked dataset with its original creation properties (recorded in the
     manifest, or those of its twin) and values (those of a flat packed file's member: its
-    twin in the skeleton, and its rows of its family)."""
+    twin in the skeleton, and its rows of its family); its hash where it was filtered again
+    and checked (:func:`_filtered_again`)."""
     flat = packed.memo.get("flat")
     record = entry.get("props") if flat is None else None
     if record is not None:
@@ -186,7 +204,7 @@ def _restore(
         leaf = repacked_leaf(packed.handle, packed.path, path, entry, COMMAND_CACHE_BYTES, ds=ds)
     absent = entry.get("absent")
     if absent == []:
-        return  # never written: no storage, as the original
+        return None  # never written: no storage, as the original
     if absent:
         # Only the chunks the original had: a chunk never written stays unallocated.
         skip = {tuple(o) for o in absent}
@@ -203,13 +221,16 @@ def _restore(
                 for a, n, c in zip(o, new.shape, chunks, strict=True)
             )
             new[sel] = stored_rows(leaf.read(sel[0].start, sel[0].stop))[(slice(None), *sel[1:])]
-        return
+        return None
     per = new.chunks[0] if new.chunks else 1
     row_bytes = max(1, math.prod(new.shape[1:]) * new.dtype.itemsize)
     step = per * max(1, BLOCK_BYTES // max(1, per * row_bytes))
 
+    written = xxhash.xxh3_64()  # the values in row order, as the pack hashed them
+
     def put(start: int, block: np.ndarray) -> None:
         values = block.view(new.dtype)
+        written.update(np.ascontiguousarray(values).reshape(-1).view(np.uint8).data)
         if start == 0 and len(values) == new.shape[0] and values.flags.c_contiguous:
             # The whole dataset in one write without h5py's selection: a file of 1,000
             # episodes has thousands of datasets of a few rows.
@@ -218,3 +239,21 @@ def _restore(
             new[start : start + len(values)] = values
 
     _copy_rows(leaf, new.shape[0], put, step)
+    return _filtered_again(packed.path, path, new, entry, written.hexdigest())
+
+
+def _filtered_again(
+    file: Path, path: str, new: h5py.Dataset, entry: Any, values: str
+) -> str | None:
+    """The hash of a restored dataset whose values were filtered again, checked first: its
+    values (``values``) and header against the pack's record. ``None`` where the pack
+    recorded no header (it was not stored filtered, or was packed by an earlier obsdelta):
+    the inner container's record of its raw chunks is then the check."""
+    header = entry.get("header")
+    if not isinstance(header, str):
+        return None
+    if values != entry.get("values"):
+        raise damaged_pack(file, f"the values of {path} do not match their hash")
+    if header_hash(new).hexdigest() != header:
+        raise damaged_pack(file, f"the creation properties of {path} do not match their record")
+    return chunked_hash(new)
