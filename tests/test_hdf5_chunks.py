@@ -19,7 +19,7 @@ from tensordict import TensorDictBase
 from obsdelta_cli.errors import InputError
 from obsdelta_cli.filters import hdf5_library, undo_frame_delta
 from obsdelta_cli.formats import hdf5_chunks
-from obsdelta_cli.formats.hdf5_chunks import DirectChunks, row_reader, unshuffle
+from obsdelta_cli.formats.hdf5_chunks import DirectChunks, DirectWrites, row_reader, unshuffle
 from obsdelta_cli.formats.hdf5_leaves import H5Leaf, leaves_of
 
 from .test_filters import DTYPES, real_values
@@ -395,3 +395,53 @@ def test_d4rl_gzip_column_chunks_are_decoded_outside_hdf5(
         monkeypatch.setattr(DirectChunks, "of", None)  # not asked: calling it would fail
         small = row_reader(f["rewards"], path, fd.fileno)
         np.testing.assert_array_equal(small(0, 40), values[:40, 0])
+
+
+#: The pipelines :class:`DirectWrites` filters itself: those HDF5 ships.
+WRITTEN = ["gzip", "shuffle-gzip", "gzip-fletcher32"]
+
+
+@pytest.mark.parametrize("chunking", list(CHUNKS))
+@pytest.mark.parametrize("pipeline", WRITTEN)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_chunks_filtered_here_read_back_through_hdf5(
+    dtype: str,
+    pipeline: str,
+    chunking: str,
+    tmp_path: Path,
+    hopper: TensorDictBase,
+    pong: TensorDictBase,
+) -> None:
+    """Written in blocks of whole chunks along time (the last one partial, and chunks cut by
+    the dataset's edge in every dimension), read back by HDF5 as the values, every chunk
+    HDF5 did not write itself stored as HDF5 would store it."""
+    values = _values(dtype, hopper, pong)
+    chunks = CHUNKS[chunking](values.shape)
+    path = tmp_path / "v.h5"
+    kwargs = {**PIPELINES, **CHECKED}[pipeline]
+    with h5py.File(path, "w") as f:
+        ds = f.create_dataset("v", shape=values.shape, dtype=values.dtype, chunks=chunks, **kwargs)
+        writes = DirectWrites.of(ds)
+        assert writes is not None
+        step = 3 * chunks[0]
+        for start in range(0, len(values), step):
+            block = values[start : start + step].copy()
+            writes.write(start, block)
+            block[...] = 0  # the caller's array is its own again: what was given is kept
+        writes.finish()
+    with h5py.File(path, "r") as f:
+        np.testing.assert_array_equal(f["v"][()], values)
+        # The chunks written here are what HDF5 writes for the same values (one zlib).
+        with h5py.File(tmp_path / "hdf5.h5", "w") as g:
+            g.create_dataset("v", data=values, chunks=chunks, **kwargs)
+            for i in range(f["v"].id.get_num_chunks()):
+                at = f["v"].id.get_chunk_info(i).chunk_offset
+                assert f["v"].id.read_direct_chunk(at) == g["v"].id.read_direct_chunk(at), at
+
+
+@pytest.mark.parametrize("pipeline", ["zstd", "shuffle-zstd"])
+def test_pipelines_hdf5_does_not_ship_are_not_written_here(
+    tmp_path: Path, hopper: TensorDictBase, pipeline: str
+) -> None:
+    values = hopper["observation"].numpy()[:200]
+    assert DirectWrites.of(_file(tmp_path / "v.h5", values, **PIPELINES[pipeline])) is None

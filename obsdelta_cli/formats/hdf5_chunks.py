@@ -36,7 +36,7 @@ import numpy as np
 from h5py._objects import phil
 
 from ..errors import InputError
-from ..filters import ZSTD_FILTER, ThreadsPerCore, fletcher32, hdf5_library
+from ..filters import ZSTD_FILTER, ThreadsPerCore, fletcher32, hdf5_library, workers
 
 DEFLATE = int(h5py.h5z.FILTER_DEFLATE)
 SHUFFLE = int(h5py.h5z.FILTER_SHUFFLE)
@@ -411,3 +411,87 @@ def row_reader(
         return np.asarray(ds[start:stop])
 
     return read
+
+
+class DirectWrites:
+    """Rows written into a new chunked dataset by whole chunks, each filtered on every core
+    (deflate, shuffle, Fletcher-32: the pipelines HDF5 ships) and written as stored bytes,
+    where HDF5 would filter one chunk at a time under the interpreter lock. A chunk the rows
+    fill only in part (an edge chunk, padded as HDF5 pads it) is left to HDF5.
+
+    The stored bytes are those of this machine's zlib, which may differ from what another
+    zlib writes for the same values: for a caller that checks values, not stored bytes.
+    Made with :meth:`of`, which returns ``None`` for a dataset this does not apply to."""
+
+    def __init__(self, ds: h5py.Dataset, pipeline: Sequence[tuple[int, int]]) -> None:
+        self.ds = ds
+        self.pipeline = tuple(pipeline)
+        self.shape: tuple[int, ...] = tuple(ds.shape)
+        self.chunks: tuple[int, ...] = tuple(ds.chunks)
+        self.itemsize = ds.dtype.itemsize
+        self._pending: list[tuple[Coord, Future[bytes]]] = []
+        self._depth = 4 * workers()
+
+    @classmethod
+    def of(cls, ds: h5py.Dataset) -> DirectWrites | None:
+        """For a chunked dataset filtered only by deflate, shuffle and Fletcher-32 whose
+        stored type is its values' type, else ``None``."""
+        try:
+            plist = ds.id.get_create_plist()
+            if plist.get_layout() != h5py.h5d.CHUNKED or not ds.ndim or not ds.size:
+                return None
+            filters = [plist.get_filter(i) for i in range(plist.get_nfilters())]
+            if not filters or any(f[0] not in (DEFLATE, SHUFFLE, FLETCHER32) for f in filters):
+                return None
+            if not ds.id.get_type().equal(h5py.h5t.py_create(ds.dtype)):
+                return None
+            # The deflate level (HDF5 records it as the filter's one value).
+            pipeline = [(int(f[0]), int(f[2][0]) if f[0] == DEFLATE else 0) for f in filters]
+        except (TypeError, ValueError, RuntimeError, OSError, IndexError):
+            return None
+        return cls(ds, pipeline)
+
+    def encode(self, chunk: np.ndarray) -> bytes:
+        """A whole chunk's stored bytes, its filters applied in the pipeline's order."""
+        data: Any = chunk.reshape(-1).view(np.uint8)
+        for kind, level in self.pipeline:
+            if kind == SHUFFLE and self.itemsize > 1:
+                data = np.ascontiguousarray(np.asarray(data).reshape(-1, self.itemsize).T)
+            elif kind == DEFLATE:
+                data = zlib.compress(data, level)
+            elif kind == FLETCHER32:
+                data = bytes(data) + fletcher32(data).to_bytes(4, "little")
+        return bytes(data)
+
+    def write(self, start: int, values: np.ndarray) -> None:
+        """Rows ``start:start + len(values)``, ``start`` on a chunk boundary along time (the
+        rows are copied: the caller may reuse ``values``)."""
+        if start % self.chunks[0]:
+            raise ValueError(f"{self.ds.name}: rows from {start}, inside a chunk")
+        stop = start + len(values)
+        grid = [range(0, n, c) for n, c in zip(self.shape[1:], self.chunks[1:], strict=True)]
+        for first in range(start, stop, self.chunks[0]):
+            for rest in itertools.product(*grid):
+                coord = (first, *rest)
+                region = tuple(
+                    slice(c, min(c + k, n))
+                    for c, k, n in zip(coord, self.chunks, self.shape, strict=True)
+                )
+                local = (slice(first - start, region[0].stop - start), *region[1:])
+                whole = all(s.stop - s.start == k for s, k in zip(region, self.chunks, strict=True))
+                if whole and region[0].stop <= stop:
+                    chunk = np.array(values[local], order="C")
+                    self._pending.append((coord, decoders().submit(self.encode, chunk)))
+                else:  # an edge chunk, or rows that end inside the chunk: HDF5 writes them
+                    self.ds[region] = values[local]
+            while len(self._pending) > self._depth:
+                self._put()
+
+    def finish(self) -> None:
+        """Write every chunk still being filtered."""
+        while self._pending:
+            self._put()
+
+    def _put(self) -> None:
+        coord, future = self._pending.pop(0)
+        self.ds.id.write_direct_chunk(coord, future.result())

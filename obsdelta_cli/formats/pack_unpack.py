@@ -23,6 +23,7 @@ import xxhash
 from ..manifest import Manifest
 from .base import Source, write_sidecar
 from .hdf5 import copy_attrs
+from .hdf5_chunks import DirectWrites
 from .hdf5_copy import Relinks, copy_object, copy_values
 from .hdf5_create import ALLOC_TIMES, create_dataset, dcpl_like
 from .hdf5_leaves import META_ATTR
@@ -227,11 +228,16 @@ def _restore(
     step = per * max(1, BLOCK_BYTES // max(1, per * row_bytes))
 
     written = xxhash.xxh3_64()  # the values in row order, as the pack hashed them
+    # Where the values, not the stored bytes, are checked (see the module), the chunks are
+    # filtered on every core.
+    direct = DirectWrites.of(new) if isinstance(entry.get("header"), str) else None
 
     def put(start: int, block: np.ndarray) -> None:
         values = block.view(new.dtype)
         written.update(np.ascontiguousarray(values).reshape(-1).view(np.uint8).data)
-        if start == 0 and len(values) == new.shape[0] and values.flags.c_contiguous:
+        if direct is not None:
+            direct.write(start, values)
+        elif start == 0 and len(values) == new.shape[0] and values.flags.c_contiguous:
             # The whole dataset in one write without h5py's selection: a file of 1,000
             # episodes has thousands of datasets of a few rows.
             new.id.write(h5py.h5s.ALL, h5py.h5s.ALL, values)
@@ -239,6 +245,8 @@ def _restore(
             new[start : start + len(values)] = values
 
     _copy_rows(leaf, new.shape[0], put, step)
+    if direct is not None:
+        direct.finish()
     return _filtered_again(packed.path, path, new, entry, written.hexdigest())
 
 
