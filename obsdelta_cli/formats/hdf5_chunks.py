@@ -333,14 +333,16 @@ class DirectChunks:
     def rows(self, start: int, stop: int, min_chunks: int = 2) -> np.ndarray | None:
         """Rows ``start:stop`` as a new array, every chunk they touch decoded on the pool;
         ``None`` where HDF5 should read them (a chunk never written, or fewer than
-        ``min_chunks`` along time: one chunk gains little and HDF5 caches it).
+        ``min_chunks`` chunks in all: one chunk gains little and HDF5 caches it; the rows
+        of one chunk along time may span many, D4RL's chunks holding a column each).
 
         Reads in order (each starting where the last one stopped, or inside it) are read
         ahead: a chunk the next read starts in is kept, and the following :data:`AHEAD`
         chunks along time are decoded while the caller works."""
         stop = min(stop, self.shape[0])
         per = self.chunks[0]
-        if stop - start <= 0 or (stop - 1) // per - start // per + 1 < min_chunks:
+        across = math.prod(-(-n // c) for n, c in zip(self.shape[1:], self.chunks[1:], strict=True))
+        if stop - start <= 0 or ((stop - 1) // per - start // per + 1) * across < min_chunks:
             return None
         table = self._table()
         first, end = start // per * per, -(-stop // per) * per
