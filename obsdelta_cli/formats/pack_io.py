@@ -236,8 +236,12 @@ def filtered_header(ds: h5py.Dataset, dcpl: Any) -> dict[str, str]:
     Unpacking filters its values again, with this machine's filters, which may encode them to
     other bytes than the original's (D4RL's gzip chunks were written years ago, by another
     zlib): its header and values, checked against the pack's record, then stand for the raw
-    chunks the inner container recorded (:mod:`.pack_unpack`)."""
-    return {"header": header_hash(ds).hexdigest()} if dcpl.get_nfilters() else {}
+    chunks the inner container recorded (:mod:`.pack_unpack`). Its type and dataspace are
+    hashed as HDF5 encodes them new (``headers_anew``): the dataset made again is new, where
+    the one copied from the input keeps the encodings of the HDF5 that wrote it."""
+    if not dcpl.get_nfilters():
+        return {}
+    return {"header": header_hash(ds, headers_anew=True).hexdigest()}
 
 
 def _write_twin(ds: h5py.Dataset, path: str, groups: Groups, own: str) -> None:

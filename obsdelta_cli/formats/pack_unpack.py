@@ -262,6 +262,6 @@ def _filtered_again(
         return None
     if values != entry.get("values"):
         raise damaged_pack(file, f"the values of {path} do not match their hash")
-    if header_hash(new).hexdigest() != header:
+    if header_hash(new, headers_anew=True).hexdigest() != header:
         raise damaged_pack(file, f"the creation properties of {path} do not match their record")
     return chunked_hash(new)
