@@ -124,6 +124,29 @@ def unshuffle(data: bytes | memoryview | np.ndarray, itemsize: int) -> np.ndarra
     return out
 
 
+def _pipeline(
+    ds: h5py.Dataset, taken: Sequence[int], min_chunk_bytes: int = 0
+) -> list[tuple[int, int]] | None:
+    """The filters of a chunked dataset, in HDF5's order, each with its first value (deflate's
+    level), where every one is among ``taken``, its chunks hold ``min_chunk_bytes`` or more
+    and its stored bytes are its values' bytes (no conversion for HDF5 to make); else
+    ``None``."""
+    try:
+        plist = ds.id.get_create_plist()
+        if plist.get_layout() != h5py.h5d.CHUNKED or not ds.ndim or not ds.size:
+            return None
+        if math.prod(ds.chunks) * ds.dtype.itemsize < min_chunk_bytes:
+            return None
+        filters = [plist.get_filter(i) for i in range(plist.get_nfilters())]
+        if not filters or any(f[0] not in taken for f in filters):
+            return None
+        if not ds.id.get_type().equal(h5py.h5t.py_create(ds.dtype)):
+            return None
+    except (TypeError, ValueError, RuntimeError, OSError):
+        return None
+    return [(int(f[0]), int(f[2][0]) if len(f[2]) else 0) for f in filters]
+
+
 def _rows_then(
     chunk: np.ndarray, *, rows: int, post: Callable[[np.ndarray], np.ndarray]
 ) -> np.ndarray:
@@ -157,6 +180,9 @@ class DirectChunks:
         self.chunks: tuple[int, ...] = tuple(ds.chunks)
         self.dtype = ds.dtype
         self.chunk_bytes = math.prod(self.chunks) * self.dtype.itemsize
+        #: Chunks in one row of chunks along time (D4RL's hold a column each).
+        grid = zip(self.shape[1:], self.chunks[1:], strict=True)
+        self.across = math.prod(-(-n // c) for n, c in grid)
         # Whether partial edge chunks were filtered like the others: HDF5 can be told not to,
         # and where that cannot be asked, they are left to HDF5.
         self.edges_direct = _chunk_opts(ds.id.get_create_plist()) == 0
@@ -189,21 +215,12 @@ class DirectChunks:
         """For a chunked dataset whose chunks can be decoded here (see the module), else
         ``None``; ``fd`` gives a descriptor of ``file`` open read-only; ``reopen``, where
         given, gives ``ds`` again when it is needed (it is not held)."""
-        try:
-            plist = ds.id.get_create_plist()
-            if plist.get_layout() != h5py.h5d.CHUNKED or not ds.ndim or not ds.size:
-                return None
-            if math.prod(ds.chunks) * ds.dtype.itemsize < MIN_CHUNK_BYTES:
-                return None
-            pipeline = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
-            if not pipeline or not set(pipeline) <= {DEFLATE, SHUFFLE, ZSTD_FILTER, FLETCHER32}:
-                return None
-            if ZSTD_FILTER in pipeline and _zstd_decompressor() is None:
-                return None
-            # The stored bytes must be the values' bytes: no conversion for HDF5 to make.
-            if not ds.id.get_type().equal(h5py.h5t.py_create(ds.dtype)):
-                return None
-        except (TypeError, ValueError, RuntimeError, OSError):
+        taken = (DEFLATE, SHUFFLE, ZSTD_FILTER, FLETCHER32)
+        filters = _pipeline(ds, taken, MIN_CHUNK_BYTES)
+        if filters is None:
+            return None
+        pipeline = [kind for kind, _ in filters]
+        if ZSTD_FILTER in pipeline and _zstd_decompressor() is None:
             return None
         return cls(ds, file, fd, pipeline, reopen)
 
@@ -341,8 +358,8 @@ class DirectChunks:
         chunks along time are decoded while the caller works."""
         stop = min(stop, self.shape[0])
         per = self.chunks[0]
-        across = math.prod(-(-n // c) for n, c in zip(self.shape[1:], self.chunks[1:], strict=True))
-        if stop - start <= 0 or ((stop - 1) // per - start // per + 1) * across < min_chunks:
+        bands = (stop - 1) // per - start // per + 1
+        if stop - start <= 0 or bands * self.across < min_chunks:
             return None
         table = self._table()
         first, end = start // per * per, -(-stop // per) * per
@@ -438,20 +455,8 @@ class DirectWrites:
     def of(cls, ds: h5py.Dataset) -> DirectWrites | None:
         """For a chunked dataset filtered only by deflate, shuffle and Fletcher-32 whose
         stored type is its values' type, else ``None``."""
-        try:
-            plist = ds.id.get_create_plist()
-            if plist.get_layout() != h5py.h5d.CHUNKED or not ds.ndim or not ds.size:
-                return None
-            filters = [plist.get_filter(i) for i in range(plist.get_nfilters())]
-            if not filters or any(f[0] not in (DEFLATE, SHUFFLE, FLETCHER32) for f in filters):
-                return None
-            if not ds.id.get_type().equal(h5py.h5t.py_create(ds.dtype)):
-                return None
-            # The deflate level (HDF5 records it as the filter's one value).
-            pipeline = [(int(f[0]), int(f[2][0]) if f[0] == DEFLATE else 0) for f in filters]
-        except (TypeError, ValueError, RuntimeError, OSError, IndexError):
-            return None
-        return cls(ds, pipeline)
+        pipeline = _pipeline(ds, (DEFLATE, SHUFFLE, FLETCHER32))
+        return None if pipeline is None else cls(ds, pipeline)
 
     def encode(self, chunk: np.ndarray) -> bytes:
         """A whole chunk's stored bytes, its filters applied in the pipeline's order."""

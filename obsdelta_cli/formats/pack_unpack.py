@@ -227,14 +227,16 @@ def _restore(
     row_bytes = max(1, math.prod(new.shape[1:]) * new.dtype.itemsize)
     step = per * max(1, BLOCK_BYTES // max(1, per * row_bytes))
 
-    written = xxhash.xxh3_64()  # the values in row order, as the pack hashed them
-    # Where the values, not the stored bytes, are checked (see the module), the chunks are
-    # filtered on every core.
-    direct = DirectWrites.of(new) if isinstance(entry.get("header"), str) else None
+    # Where the pack recorded the header, the values are checked, not the stored bytes (see
+    # the module): they are hashed as written, and the chunks filtered on every core.
+    checked = isinstance(entry.get("header"), str)
+    written = xxhash.xxh3_64() if checked else None  # the values in row order, as packed
+    direct = DirectWrites.of(new) if checked else None
 
     def put(start: int, block: np.ndarray) -> None:
         values = block.view(new.dtype)
-        written.update(np.ascontiguousarray(values).reshape(-1).view(np.uint8).data)
+        if written is not None:
+            written.update(np.ascontiguousarray(values).reshape(-1).view(np.uint8).data)
         if direct is not None:
             direct.write(start, values)
         elif start == 0 and len(values) == new.shape[0] and values.flags.c_contiguous:
@@ -247,21 +249,18 @@ def _restore(
     _copy_rows(leaf, new.shape[0], put, step)
     if direct is not None:
         direct.finish()
+    if written is None:
+        # No header recorded (not stored filtered, or packed by an earlier obsdelta): the
+        # inner container's record of its raw chunks is the check.
+        return None
     return _filtered_again(packed.path, path, new, entry, written.hexdigest())
 
 
-def _filtered_again(
-    file: Path, path: str, new: h5py.Dataset, entry: Any, values: str
-) -> str | None:
+def _filtered_again(file: Path, path: str, new: h5py.Dataset, entry: Any, values: str) -> str:
     """The hash of a restored dataset whose values were filtered again, checked first: its
-    values (``values``) and header against the pack's record. ``None`` where the pack
-    recorded no header (it was not stored filtered, or was packed by an earlier obsdelta):
-    the inner container's record of its raw chunks is then the check."""
-    header = entry.get("header")
-    if not isinstance(header, str):
-        return None
+    values (``values``) and header against the pack's record."""
     if values != entry.get("values"):
         raise damaged_pack(file, f"the values of {path} do not match their hash")
-    if header_hash(new, headers_anew=True).hexdigest() != header:
+    if header_hash(new, headers_anew=True).hexdigest() != entry["header"]:
         raise damaged_pack(file, f"the creation properties of {path} do not match their record")
     return chunked_hash(new)
