@@ -78,14 +78,15 @@ def _unsigned(a: np.ndarray) -> np.ndarray:
 Rows = Callable[[int, int], np.ndarray]
 
 
-def _sliced(ds: Any) -> Rows:
+def sliced(ds: Any) -> Rows:
+    """Rows of ``ds`` read by slicing it (an h5py dataset, a family of them)."""
     return lambda start, stop: np.asarray(ds[start:stop])
 
 
 def plan_columns(
     datasets: Mapping[str, h5py.Dataset],
     own: str = OWN,
-    rows_of: Callable[[h5py.Dataset], Rows] = _sliced,
+    rows_of: Callable[[h5py.Dataset], Rows] = sliced,
 ) -> dict[str, Shared]:
     """The datasets among ``datasets`` (about to be repacked) that repeat columns of others,
     with their blocks; the others are stored as they are. ``rows_of(dataset)`` reads a

@@ -31,7 +31,7 @@ from .hdf5_objects import header_hash
 from .hdf5_safety import damaged_pack, scale_offset
 from .hdf5_walk import OWN, ByPath, file_reads, layout_twins, objects_of
 from .leaf import FileLeaf
-from .pack_columns import Shared, kept_path, plan_columns, write_virtual
+from .pack_columns import Shared, kept_path, plan_columns, sliced, write_virtual
 from .pack_leaves import (
     FILES,
     NAME,
@@ -276,7 +276,7 @@ def _rows_of(ds: h5py.Dataset, src: h5py.File) -> Callable[[int, int], np.ndarra
     DatasetWriter reads): its chunks decoded on every core where HDF5 would decode them one
     at a time (:func:`~.hdf5_chunks.row_reader`; the file must be open read-only)."""
     if src.mode != "r":
-        return lambda start, stop: np.asarray(ds[start:stop])
+        return sliced(ds)
     return row_reader(ds, Path(src.filename), file_reads(src).descriptor)
 
 
